@@ -1,0 +1,457 @@
+"""Element formats as data, and exact encode / decode / cast.
+
+A format is one frozen :class:`FloatFormat`; every derived constant is a property.
+``encode`` rounds on the integer bits of the float32 (or float64) input, so it is
+exact for every input, including subnormals of both source and target, and never
+goes through a float ``log2``. ``mxcheck.reference`` holds the slow Python-int
+reference that the tests hold this fast path against.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+__all__ = [
+    "FORMATS",
+    "ROUNDINGS",
+    "FloatFormat",
+    "cast",
+    "decode",
+    "encode",
+    "get_format",
+]
+
+NanStyle = Literal["none", "ieee", "ocp", "fnuz"]
+Rounding = Literal["rne", "half_away", "sr", "trunc"]
+
+
+@dataclass(frozen=True)
+class FloatFormat:
+    """A binary floating-point format; codes are its bits in the low bits of an integer.
+
+    ``nan`` says which codes are NaN: ``"none"`` (no NaN, as the OCP fp4/fp6 types),
+    ``"ieee"`` (all-ones exponent field; with ``inf`` the zero-mantissa code there is Inf),
+    ``"ocp"`` (only the all-ones exponent and mantissa, as OCP e4m3fn) or ``"fnuz"``
+    (the negative-zero code, as the AMD fnuz types).
+    """
+
+    name: str
+    ebits: int
+    mbits: int
+    bias: int
+    nan: NanStyle = "none"
+    inf: bool = False
+    signed: bool = True
+    subnormals: bool = True
+    torch_dtype_name: str | None = None
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def bits(self) -> int:
+        """Width of a code in bits."""
+        return self.ebits + self.mbits + int(self.signed)
+
+    @property
+    def sign_mask(self) -> int:
+        return 1 << (self.bits - 1) if self.signed else 0
+
+    @property
+    def code_dtype(self) -> torch.dtype:
+        return torch.uint8 if self.bits <= 8 else torch.int32
+
+    @property
+    def magnitude_mask(self) -> int:
+        return (1 << (self.ebits + self.mbits)) - 1
+
+    @property
+    def max_code(self) -> int:
+        """The largest finite positive code."""
+        top_field = (1 << self.ebits) - 1
+        mant_ones = (1 << self.mbits) - 1
+        if self.nan == "ieee":
+            return ((top_field - 1) << self.mbits) | mant_ones
+        if self.nan == "ocp":
+            return (top_field << self.mbits) | (mant_ones - 1)
+        return self.magnitude_mask
+
+    @property
+    def emax(self) -> int:
+        """Exponent of the largest power of two the format holds."""
+        return (self.max_code >> self.mbits) - self.bias
+
+    @property
+    def emin(self) -> int:
+        """Exponent of the smallest normal (code field 1, or field 0 without subnormals)."""
+        return (1 if self.subnormals else 0) - self.bias
+
+    @property
+    def max(self) -> float:
+        mant = self.max_code & ((1 << self.mbits) - 1)
+        return (1 + mant / (1 << self.mbits)) * 2.0**self.emax
+
+    @property
+    def min_normal(self) -> float:
+        return 2.0**self.emin
+
+    @property
+    def min_subnormal(self) -> float:
+        return 2.0 ** (self.emin - self.mbits) if self.subnormals else self.min_normal
+
+    @property
+    def has_zero(self) -> bool:
+        return self.subnormals
+
+    @property
+    def nan_code(self) -> int | None:
+        """The canonical (positive) NaN code: all magnitude bits set, or the fnuz code."""
+        if self.nan == "none":
+            return None
+        if self.nan == "fnuz":
+            return self.sign_mask
+        return self.magnitude_mask
+
+    @property
+    def inf_code(self) -> int | None:
+        return ((1 << self.ebits) - 1) << self.mbits if self.inf else None
+
+    @property
+    def torch_dtype(self) -> torch.dtype | None:
+        """The torch dtype with this exact layout, where this torch build has one."""
+        return getattr(torch, self.torch_dtype_name, None) if self.torch_dtype_name else None
+
+
+FORMATS: dict[str, FloatFormat] = {
+    f.name: f
+    for f in (
+        FloatFormat("e2m1", 2, 1, bias=1, torch_dtype_name="float4_e2m1fn_x2"),
+        FloatFormat("e2m3", 2, 3, bias=1),
+        FloatFormat("e3m2", 3, 2, bias=3),
+        FloatFormat("e4m3", 4, 3, bias=7, nan="ocp", torch_dtype_name="float8_e4m3fn"),
+        FloatFormat("e5m2", 5, 2, bias=15, nan="ieee", inf=True, torch_dtype_name="float8_e5m2"),
+        FloatFormat("e4m3fnuz", 4, 3, bias=8, nan="fnuz", torch_dtype_name="float8_e4m3fnuz"),
+        FloatFormat("e5m2fnuz", 5, 2, bias=16, nan="fnuz", torch_dtype_name="float8_e5m2fnuz"),
+        FloatFormat("e8m0", 8, 0, bias=127, nan="ieee", signed=False, subnormals=False,
+                    torch_dtype_name="float8_e8m0fnu"),
+        # NVFP4 block scale: e4m3 without its sign bit; its byte is e4m3fn's positive code.
+        FloatFormat("ue4m3", 4, 3, bias=7, nan="ocp", signed=False, torch_dtype_name="float8_e4m3fn"),
+        FloatFormat("bf16", 8, 7, bias=127, nan="ieee", inf=True, torch_dtype_name="bfloat16"),
+        FloatFormat("fp16", 5, 10, bias=15, nan="ieee", inf=True, torch_dtype_name="float16"),
+    )
+}
+
+
+def get_format(fmt: str | FloatFormat) -> FloatFormat:
+    """Look a format up by name; a FloatFormat passes through."""
+    if isinstance(fmt, FloatFormat):
+        return fmt
+    if not isinstance(fmt, str) or fmt not in FORMATS:
+        raise ValueError(f"fmt={fmt!r} is not a known format; expected one of {sorted(FORMATS)}")
+    return FORMATS[fmt]
+
+
+# ---------------------------------------------------------------------------------------
+# Rounding: every mode is one predicate "round the magnitude away from zero?" over the
+# integer quotient q, the remainder rem of the shifted significand, the shift, and the
+# uniform u in [0, 1) that stochastic rounding consumes.
+
+
+def _away_rne(q, rem, shift, u):
+    half = torch.ones_like(rem) << (shift.clamp(min=1) - 1)
+    return (rem > half) | ((rem == half) & ((q & 1) == 1))
+
+
+def _away_half_away(q, rem, shift, u):
+    half = torch.ones_like(rem) << (shift.clamp(min=1) - 1)
+    return rem >= half
+
+
+def _away_trunc(q, rem, shift, u):
+    return torch.zeros_like(rem, dtype=torch.bool)
+
+
+def _away_sr(q, rem, shift, u):
+    # frac = rem / 2**shift exactly in float64; round away iff frac + u >= 1. With u taken
+    # from 8 random bits this is gfloat's StochasticFastest(srnumbits=8) and TE's SR fallback.
+    frac = torch.ldexp(rem.to(torch.float64), -shift.to(torch.float64))
+    return frac >= 1.0 - u
+
+
+ROUNDINGS: dict[str, Callable] = {
+    "rne": _away_rne,
+    "half_away": _away_half_away,
+    "sr": _away_sr,
+    "trunc": _away_trunc,
+}
+
+# source float dtype -> (integer view, exponent bits, mantissa bits)
+_SOURCE_LAYOUTS = {torch.float32: (torch.int32, 8, 23), torch.float64: (torch.int64, 11, 52)}
+_ACCEPTED_INPUTS = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+
+
+def check_float_tensor(x: torch.Tensor, name: str = "x") -> None:
+    """TypeError unless x is a real floating tensor mxcheck can round exactly."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in _ACCEPTED_INPUTS:
+        raise TypeError(
+            f"{name}.dtype={x.dtype} is not accepted; expected one of "
+            f"{[str(d) for d in _ACCEPTED_INPUTS]} (integer and complex inputs have no rounding)"
+        )
+
+
+def check_rounding(rounding: str, rand: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor | None:
+    """Validate rounding and rand; return the uniform u in [0, 1) as float64, or None."""
+    if rounding not in ROUNDINGS:
+        raise ValueError(f"rounding={rounding!r} is not known; expected one of {sorted(ROUNDINGS)}")
+    if rounding != "sr":
+        if rand is not None:
+            raise ValueError(f"rand is only used with rounding='sr', got rounding={rounding!r}")
+        return None
+    if rand is None:
+        raise ValueError("rounding='sr' needs rand: uint8 random bits or float32 uniforms in [0, 1), shaped like x")
+    if not isinstance(rand, torch.Tensor):
+        raise TypeError(f"rand must be a torch.Tensor, got {type(rand).__name__}")
+    if tuple(rand.shape) != tuple(like.shape):
+        raise ValueError(f"rand.shape={tuple(rand.shape)} must equal the input's shape {tuple(like.shape)}")
+    if rand.device != like.device:
+        raise ValueError(f"rand.device={rand.device} must equal the input's device {like.device}")
+    if rand.dtype == torch.uint8:
+        return rand.to(torch.float64) / 256.0
+    if rand.dtype == torch.float32:
+        return rand.to(torch.float64)
+    raise TypeError(f"rand.dtype={rand.dtype}; expected torch.uint8 (8 random bits) or torch.float32 in [0, 1)")
+
+
+def encode_bits(
+    x: torch.Tensor,
+    fmt: FloatFormat,
+    rounding: str = "rne",
+    saturate: bool = True,
+    u: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Codes of x in fmt, exact; NaN in a format without NaN gives code 0.
+
+    The shared core of ``encode`` and the quantizers: no validation and no host sync.
+    Saturating casts of float32/bf16/fp16 into the signed 4-8 bit formats take a float
+    path (``encode_bits_float``, about 15 elementwise passes); everything else takes the
+    integer path (``encode_bits_int``). Both are exact and tested against each other.
+    """
+    if saturate and fmt.signed and fmt.bits <= 8 and x.dtype in _FLOAT_PATH_INPUTS:
+        return encode_bits_float(x, fmt, rounding, u)
+    return encode_bits_int(x, fmt, rounding, saturate, u)
+
+
+_FLOAT_PATH_INPUTS = (torch.float32, torch.bfloat16, torch.float16)
+_F32_EXP_MASK = 0x7F800000
+
+
+def _round_int_rne(t, u):
+    return t.round_()  # ties to even
+
+
+def _round_int_half_away(t, u):
+    # not floor(t + 0.5): that sum rounds up for t = nextbelow(0.5) in float32
+    r = torch.floor(t)
+    return r.add_((t - r >= 0.5).to(t.dtype))  # t - floor(t) is exact
+
+
+def _round_int_trunc(t, u):
+    return t.floor_()
+
+
+def _round_int_sr(t, u):
+    # float64: t has <= 24 significant bits above 2**-24 and u is a float32 or k/256, so
+    # t + u is exact and floor(t + u) rounds up exactly when frac(t) >= 1 - u.
+    return torch.floor(t.to(torch.float64) + u).to(torch.float32)
+
+
+_ROUND_TO_INT = {"rne": _round_int_rne, "half_away": _round_int_half_away,
+                 "trunc": _round_int_trunc, "sr": _round_int_sr}
+
+
+def encode_bits_float(x: torch.Tensor, fmt: FloatFormat, rounding: str = "rne",
+                      u: torch.Tensor | None = None, *, scale: torch.Tensor | None = None,
+                      nan_codes: bool = True) -> torch.Tensor:
+    """Saturating codes of x * scale (float32/bf16/fp16) in a signed format of <= 8 bits.
+
+    |x| is clamped to max (which maps Inf to max), divided by its quantum
+    2**(E - mbits) with E = max(exponent, emin) read from the float32 bits (a power-of-two
+    multiply, exact), rounded to an integer significand r, and the code is
+    ((E - emin) << mbits) + r: one formula for subnormals, normals and the carry. RNE into
+    a format torch has a dtype for is torch's own conversion after the clamp (checked
+    against the integer path on every code and tie). ``scale`` (broadcast, a power of two)
+    is multiplied in first; ``nan_codes=False`` skips the NaN fix-up for callers that
+    overwrite NaN blocks themselves.
+    """
+    a = x.to(torch.float32) * scale if scale is not None else x.to(torch.float32, copy=True)
+    if rounding == "rne" and fmt.torch_dtype is not None and fmt.bits == 8:
+        # clamp keeps NaN, and torch's cast keeps a NaN's sign as the integer path does
+        return a.clamp_(-fmt.max, fmt.max).to(fmt.torch_dtype).view(torch.uint8)
+    sign_source = a.view(torch.int32)
+    sign = (sign_source >> (32 - fmt.bits)) & fmt.sign_mask
+    nan = torch.isnan(a) if nan_codes else None
+    a.abs_()
+    torch.fmin(a, torch.tensor(fmt.max), out=a)  # fmin: Inf -> max, NaN -> max (fixed below)
+    e_bits = (a.view(torch.int32) & _F32_EXP_MASK).clamp_(min=(fmt.emin + 127) << 23)
+    # 1 / quantum = 2**(mbits - E): its float32 exponent field is 127 + mbits - E.
+    a.mul_((((2 * 127 + fmt.mbits) << 23) - e_bits).view(torch.float32))
+    r = _ROUND_TO_INT[rounding](a, u)
+    mag = e_bits.sub_((127 + fmt.emin) << 23).bitwise_right_shift_(23 - fmt.mbits).add_(r.to(torch.int32))
+    if fmt.nan == "fnuz":  # no negative zero: the sign goes only on non-zero codes
+        sign = torch.where(mag == 0, 0, sign)
+    code = mag.bitwise_or_(sign)
+    if nan is not None:
+        nan_code = 0 if fmt.nan_code is None else fmt.nan_code if fmt.nan == "fnuz" else fmt.nan_code | sign
+        code = torch.where(nan, nan_code, code)
+    return code.to(torch.uint8)
+
+
+def encode_bits_int(
+    x: torch.Tensor,
+    fmt: FloatFormat,
+    rounding: str = "rne",
+    saturate: bool = True,
+    u: torch.Tensor | None = None,
+    scale_exp: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Codes of x / 2**scale_exp in fmt, by integer arithmetic on the float32/float64 bits.
+
+    Exact for every input and format (16-bit and unsigned formats, non-saturating casts,
+    float64 sources, and a per-element scale exponent divided out exactly even where
+    x / 2**e would be a float32 subnormal).
+    """
+    if x.dtype not in _SOURCE_LAYOUTS:
+        x = x.to(torch.float32)
+    int_dtype, src_ebits, src_mbits = _SOURCE_LAYOUTS[x.dtype]
+    src_bias = (1 << (src_ebits - 1)) - 1
+    x = x.contiguous()
+    bits = x.view(int_dtype)
+    field = (bits >> src_mbits) & ((1 << src_ebits) - 1)
+    # Normalise source subnormals (x * 2**K is exact) so every non-zero significand has its
+    # leading bit at src_mbits; then one formula holds whatever exponent the scale adds.
+    renorm = 2 * src_mbits + 18  # 64 for float32, 122 for float64: lifts the least subnormal
+    tiny = field == 0
+    bits = torch.where(tiny, (x * 2.0**renorm).view(int_dtype), bits)
+    negative = bits < 0
+    field = (bits >> src_mbits) & ((1 << src_ebits) - 1)
+    mant = bits & ((1 << src_mbits) - 1)
+    special = field == (1 << src_ebits) - 1
+    is_nan = special & (mant != 0)
+    nonzero = field > 0
+    sig = torch.where(nonzero, mant | (1 << src_mbits), mant)
+    exp = field - src_bias - tiny.to(field.dtype) * renorm
+    if scale_exp is not None:
+        exp = exp - scale_exp.to(exp.dtype)
+    exp_eff = exp.clamp(min=fmt.emin)
+    shift = exp_eff - exp + (src_mbits - fmt.mbits)
+    # Beyond src_mbits + 2 the quotient is 0 and rem = sig in every mode; capping keeps the
+    # shifts inside the integer width. SR reads the true shift.
+    shift_c = shift.clamp(max=src_mbits + 2)
+    q = sig >> shift_c
+    rem = sig - (q << shift_c)
+    q = q + ROUNDINGS[rounding](q, rem, shift if rounding == "sr" else shift_c, u).to(q.dtype)
+    # One formula covers normals, subnormals and the carry into the next binade.
+    mag = ((exp_eff + (fmt.bias - 1)) << fmt.mbits) + q
+    mag = torch.where(nonzero, mag, 0)
+    nan_out = is_nan
+    over = (mag > fmt.max_code) & ~special
+    is_inf = special & ~is_nan
+    for mask, policy in (
+        (over, _overflow_policy(fmt, saturate or rounding == "trunc")),
+        (is_inf, _overflow_policy(fmt, saturate)),
+    ):
+        if policy == "nan":
+            nan_out = nan_out | mask
+        else:
+            mag = torch.where(mask, fmt.max_code if policy == "max" else fmt.inf_code, mag)
+    if not fmt.has_zero:  # e8m0: a result that rounds to zero has no code
+        nan_out = nan_out | ((q == 0) & ~special)
+    if fmt.signed:
+        sign = negative & ~((fmt.nan == "fnuz") & (mag == 0))  # fnuz has no -0
+        code = mag | (sign.to(mag.dtype) << (fmt.bits - 1))
+    else:
+        # An unsigned format holds no negative value; -0 (or a negative that rounds to 0) is 0.
+        nan_out = nan_out | (negative & ((mag != 0) | (not fmt.has_zero)) & ~is_nan)
+        code = mag
+        sign = torch.zeros_like(negative)
+    if fmt.nan_code is None:
+        nan_full = torch.zeros_like(code)  # only reached through the unchecked core
+    elif fmt.nan == "fnuz" or not fmt.signed:
+        nan_full = torch.full_like(code, fmt.nan_code)
+    else:  # torch and ml_dtypes keep the sign of a NaN
+        nan_full = fmt.nan_code | (sign.to(code.dtype) << (fmt.bits - 1))
+    code = torch.where(nan_out, nan_full, code)
+    return code.to(fmt.code_dtype)
+
+
+def _overflow_policy(fmt: FloatFormat, saturate: bool) -> str:
+    """What a finite overflow (or an Inf input) becomes: "max", "inf" or "nan"."""
+    if saturate:
+        return "max"
+    if fmt.inf:
+        return "inf"
+    # OCP fp4/fp6 have neither Inf nor NaN: they saturate, as ml_dtypes does.
+    return "nan" if fmt.nan != "none" else "max"
+
+
+def encode(
+    x: torch.Tensor,
+    fmt: str | FloatFormat,
+    *,
+    rounding: Rounding = "rne",
+    saturate: bool = True,
+    rand: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Round x to fmt and return its codes (uint8; int32 for 16-bit formats).
+
+    ``saturate=True`` clamps finite overflow and Inf to +-max; ``False`` follows the
+    format (Inf for e5m2, NaN for e4m3, +-max for the OCP fp4/fp6 types, which have
+    neither). ``rounding="trunc"`` never overflows a finite input. NaN into a format
+    without NaN is a ValueError.
+    """
+    fmt = get_format(fmt)
+    check_float_tensor(x)
+    u = check_rounding(rounding, rand, x)
+    if fmt.nan == "none" and bool(torch.isnan(x).any()):
+        raise ValueError(f"x holds NaN but fmt={fmt.name} has no NaN encoding; mask NaN before encoding")
+    return encode_bits(x, fmt, rounding, saturate, u)
+
+
+@functools.lru_cache(maxsize=None)
+def _decode_table(fmt: FloatFormat) -> torch.Tensor:
+    from mxcheck.reference import decode_scalar  # noqa: PLC0415  (reference imports this module)
+
+    return torch.tensor([decode_scalar(c, fmt) for c in range(1 << fmt.bits)], dtype=torch.float64)
+
+
+def decode_table(fmt: str | FloatFormat, device: torch.device | str = "cpu") -> torch.Tensor:
+    """float64 value of every code of fmt, indexed by code."""
+    return _decode_table(get_format(fmt)).to(device)
+
+
+def decode(codes: torch.Tensor, fmt: str | FloatFormat) -> torch.Tensor:
+    """float32 values of codes (bits above the format's width must be zero)."""
+    fmt = get_format(fmt)
+    if not isinstance(codes, torch.Tensor):
+        raise TypeError(f"codes must be a torch.Tensor, got {type(codes).__name__}")
+    if codes.dtype.is_floating_point or codes.dtype.is_complex or codes.dtype == torch.bool:
+        raise TypeError(f"codes.dtype={codes.dtype}; expected an integer dtype such as torch.uint8")
+    idx = codes.to(torch.int64)
+    if idx.numel() and (bool((idx < 0).any()) or bool((idx >= (1 << fmt.bits)).any())):
+        raise ValueError(
+            f"codes hold values outside [0, {(1 << fmt.bits) - 1}] for fmt={fmt.name} "
+            f"({fmt.bits}-bit codes; upper bits must be zero)"
+        )
+    return decode_table(fmt, codes.device).to(torch.float32)[idx]
+
+
+def cast(x: torch.Tensor, fmt: str | FloatFormat, **kwargs) -> torch.Tensor:
+    """decode(encode(x, fmt, **kwargs)) in float32: x rounded to fmt."""
+    return decode(encode(x, fmt, **kwargs), fmt)

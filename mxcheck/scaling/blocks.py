@@ -1,0 +1,62 @@
+"""Block geometry shared by every block-scaled quantizer (MX, NVFP4, FP8 blockwise).
+
+A tensor is viewed as (..., R, C) with C the blocked axis; a block is ``rows x cols``
+elements (rows = 1 for 1D blocks). Per-block values are (..., R / rows, C / cols); each
+quantizer writes them back per row, (..., R, C / cols), or per element.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = [
+    "block_amax",
+    "check_axis",
+    "check_tiles",
+    "pad_last",
+    "per_element",
+    "per_row",
+]
+
+
+def check_axis(x: torch.Tensor, axis: int, name: str = "axis") -> int:
+    """Normalised non-negative axis, or ValueError naming it."""
+    if not isinstance(axis, int) or isinstance(axis, bool):
+        raise TypeError(f"{name} must be an int, got {type(axis).__name__}")
+    if not -x.ndim <= axis < x.ndim:
+        raise ValueError(f"{name}={axis} is out of range for a tensor of {x.ndim} dims (shape {tuple(x.shape)})")
+    return axis % x.ndim
+
+
+def check_tiles(length: int, block: int, what: str, pad_hint: bool = True) -> None:
+    """ValueError unless a block tiles an axis exactly."""
+    if length % block:
+        hint = "; pass pad_to to zero-pad it" if pad_hint else ""
+        raise ValueError(f"{what} has length {length}, not a multiple of the block size {block}{hint}")
+
+
+def pad_last(x: torch.Tensor, multiple: int) -> torch.Tensor:
+    """Zero-pad the last dim up to a multiple."""
+    extra = -x.shape[-1] % multiple
+    return torch.nn.functional.pad(x, (0, extra)) if extra else x
+
+
+def _tiled(x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    *lead, r, c = x.shape
+    return x.reshape(*lead, r // rows, rows, c // cols, cols)
+
+
+def block_amax(x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """max |x| per block in float32, shape (..., R / rows, C / cols); NaN propagates."""
+    a = _tiled(x.abs().float(), rows, cols)
+    return a.amax(dim=(-3, -1))
+
+
+def per_row(values: torch.Tensor, rows: int) -> torch.Tensor:
+    """(..., R / rows, C / cols) -> (..., R, C / cols): a tile's value on each of its rows."""
+    return values.repeat_interleave(rows, dim=-2) if rows > 1 else values
+
+
+def per_element(values: torch.Tensor, cols: int) -> torch.Tensor:
+    """(..., R, C / cols) -> (..., R, C): a block's value on each of its elements."""
+    return values.repeat_interleave(cols, dim=-1)

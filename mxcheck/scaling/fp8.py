@@ -1,0 +1,342 @@
+"""FP8 scaling: tensorwise, rowwise and blockwise current scaling, and TE delayed scaling.
+
+A scale multiplies the input before the cast (``codes = fp8(x * scale)``, RNE, saturating
+as TransformerEngine's ``satfinite`` casts); ``scale_inv = 1 / scale`` in float32 is the
+dequantization multiplier stored beside the codes. The scale formulas are a table:
+
+- ``"te"``: TransformerEngine ``compute_scale_from_amax``
+  (transformer_engine/common/recipe/recipe_common.cuh, stored version 01c24fe): amax below
+  ``eps`` becomes ``eps``; amax 0, Inf or NaN gives scale 1.0; otherwise
+  ``(fp8_max * 2**-margin) / amax`` in float32; an Inf scale becomes ``value_for_inf``
+  (FLT_MAX for tensor and row scaling, as current_scaling.cu; the input dtype's largest
+  finite value for the 1x128 / 128x128 blocks, as ``compute_scale_from_types<IType, OType>``
+  and tests/pytorch/references/quantize_scale_calc.py); ``power_of_2`` keeps only the sign
+  and exponent bits (``& 0xFF800000``), an exact floor to a power of two.
+- ``"primus_turbo"``: Primus-Turbo ``compute_scale_from_amax`` (csrc/include/primus_turbo/
+  device/quant_utils.cuh): ``fp8_max / fmax(amax, 1e-12)`` in float32 (``fmax`` ignores a
+  NaN amax, so NaN gives fp8_max / 1e-12).
+
+The amax is ``max |x|`` over the granularity's block with NaN propagating (torch ``amax``,
+as TE's Python references); TE's CUDA amax kernels use ``fmaxf`` and skip NaN elements, a
+kernel detail not modelled here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from mxcheck.formats import (
+    FORMATS,
+    FloatFormat,
+    check_float_tensor,
+    decode_table,
+    encode_bits,
+    get_format,
+)
+from mxcheck.scaling.blocks import block_amax, check_tiles, per_element, per_row
+
+__all__ = [
+    "FP8_FORMATS",
+    "FP8_GRANULARITIES",
+    "SCALE_FORMULAS",
+    "DelayedScaling",
+    "FP8Tensor",
+    "fp8_quantize",
+]
+
+FP8_FORMATS = tuple(name for name, f in FORMATS.items() if f.bits == 8 and f.signed)
+FLT_MAX = torch.finfo(torch.float32).max
+_FP8_INPUTS = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@dataclass(frozen=True)
+class Granularity:
+    """A scaling granularity: block shape ``(rows, cols)`` over a 2D (M, K) tensor;
+    ``None`` means the whole tensor or the whole row."""
+
+    rows: int | None
+    cols: int | None
+    # TE blockwise kernels replace an Inf scale by the input dtype's max, not FLT_MAX.
+    inf_to_input_max: bool = False
+
+
+FP8_GRANULARITIES: dict[str, Granularity] = {
+    "tensor": Granularity(None, None),
+    "row": Granularity(1, None),
+    "block1x128": Granularity(1, 128, inf_to_input_max=True),
+    "block128x128": Granularity(128, 128, inf_to_input_max=True),
+}
+
+
+@dataclass(frozen=True)
+class ScaleOptions:
+    margin: int = 0
+    power_of_2: bool = False
+    eps: float = 0.0
+    value_for_inf: float = FLT_MAX
+
+
+def _te(amax: torch.Tensor, fp8_max: float, opt: ScaleOptions) -> torch.Tensor:
+    # recipe_common.cuh compute_scale_from_amax; fp8_max * 2^-margin is exact in float32.
+    amax = torch.where(amax < opt.eps, torch.tensor(opt.eps, dtype=torch.float32), amax)
+    scaled_max = torch.tensor(fp8_max * 2.0**-opt.margin, dtype=torch.float32)
+    scale = scaled_max / amax
+    scale = torch.where(torch.isinf(scale), torch.tensor(opt.value_for_inf, dtype=torch.float32), scale)
+    if opt.power_of_2:
+        scale = (scale.view(torch.int32) & -0x800000).view(torch.float32)  # & 0xFF800000
+    special = torch.isinf(amax) | (amax == 0) | torch.isnan(amax)
+    return torch.where(special, torch.ones_like(scale), scale)
+
+
+def _primus_turbo(amax: torch.Tensor, fp8_max: float, opt: ScaleOptions) -> torch.Tensor:
+    eps = torch.tensor(1e-12, dtype=torch.float32)
+    return torch.tensor(fp8_max, dtype=torch.float32) / torch.fmax(amax, eps)
+
+
+SCALE_FORMULAS: dict[str, Callable[[torch.Tensor, float, ScaleOptions], torch.Tensor]] = {
+    "te": _te,
+    "primus_turbo": _primus_turbo,
+}
+# Which of margin / power_of_2 / eps each formula reads; setting another one is an error.
+_FORMULA_OPTIONS = {"te": ("margin", "power_of_2", "eps"), "primus_turbo": ()}
+
+
+@dataclass(frozen=True, eq=False)
+class FP8Tensor:
+    """FP8 codes (one uint8 per element, shape of x) and float32 dequantization multipliers.
+
+    ``scale_inv`` has shape ``()`` (tensor), ``(M, 1)`` (row), ``(M, K/128)`` (block1x128)
+    or ``(M/128, K/128)`` (block128x128); ``scale`` (the multiplier applied before the cast,
+    ``scale_inv = 1 / scale``) and ``amax`` have the same shape.
+    """
+
+    codes: torch.Tensor
+    scale_inv: torch.Tensor
+    fmt: FloatFormat
+    granularity: str
+    scale: torch.Tensor
+    amax: torch.Tensor
+
+    def dequantize(self) -> torch.Tensor:
+        """float32 ``fp8_value * scale_inv`` (one float32 multiply, as TE's dequantize)."""
+        values = decode_table(self.fmt, self.codes.device).to(torch.float32)[self.codes.to(torch.int64)]
+        return values * _per_element(self.scale_inv, FP8_GRANULARITIES[self.granularity])
+
+
+def _per_element(s: torch.Tensor, g: Granularity) -> torch.Tensor:
+    """Broadcastable per-element view of a per-block tensor."""
+    if g.cols is None:
+        return s
+    return per_element(per_row(s, g.rows), g.cols)
+
+
+def _check_fp8_format(fmt: str | FloatFormat) -> FloatFormat:
+    fmt = get_format(fmt)
+    if fmt.name not in FP8_FORMATS:
+        raise ValueError(f"fmt={fmt.name!r} is not an FP8 format; expected one of {list(FP8_FORMATS)}")
+    return fmt
+
+
+def _check_margin(margin: object) -> None:
+    if not isinstance(margin, int) or isinstance(margin, bool):
+        raise TypeError(f"margin must be an int (TE's recipe margin), got {type(margin).__name__}")
+    if margin < 0:
+        raise ValueError(f"margin={margin}; expected an int >= 0 (scale = fp8_max * 2**-margin / amax)")
+
+
+def _check_options(scale_formula: str, margin: int, power_of_2: bool, eps: float) -> None:
+    if scale_formula not in SCALE_FORMULAS:
+        raise ValueError(f"scale_formula={scale_formula!r} is not known; expected one of {sorted(SCALE_FORMULAS)}")
+    _check_margin(margin)
+    if not isinstance(power_of_2, bool):
+        raise TypeError(f"power_of_2 must be a bool, got {type(power_of_2).__name__}")
+    if not isinstance(eps, (int, float)) or isinstance(eps, bool):
+        raise TypeError(f"eps must be a float, got {type(eps).__name__}")
+    if not (eps >= 0 and math.isfinite(eps)):
+        raise ValueError(f"eps={eps!r}; expected a finite float >= 0 (the floor for amax)")
+    given = {"margin": margin != 0, "power_of_2": power_of_2, "eps": eps != 0}
+    unused = [k for k, v in given.items() if v and k not in _FORMULA_OPTIONS[scale_formula]]
+    if unused:
+        raise ValueError(f"scale_formula={scale_formula!r} does not use {unused}; leave them at their defaults "
+                         "or use scale_formula='te'")
+
+
+def _amax(x: torch.Tensor, granularity: str) -> torch.Tensor:
+    """float32 amax per block, NaN propagating; ValueError where the blocks do not tile x."""
+    g = FP8_GRANULARITIES[granularity]
+    if g.rows is None:
+        if x.numel() == 0:
+            return torch.zeros((), dtype=torch.float32, device=x.device)
+        return block_amax(x.reshape(1, -1), 1, x.numel()).reshape(())
+    if x.ndim != 2:
+        raise ValueError(f"granularity={granularity!r} needs a 2D (M, K) tensor, got shape {tuple(x.shape)}; "
+                         "reshape to (-1, K) first")
+    m, k = x.shape
+    cols = g.cols if g.cols is not None else k
+    if k == 0 or m == 0:
+        raise ValueError(f"granularity={granularity!r} needs a non-empty tensor, got shape {tuple(x.shape)}")
+    check_tiles(k, cols, f"x dim 1 (K) of shape {tuple(x.shape)}", pad_hint=False)
+    check_tiles(m, g.rows, f"x dim 0 (M) of shape {tuple(x.shape)}", pad_hint=False)
+    return block_amax(x, g.rows, cols)
+
+
+def _encode_scaled(x: torch.Tensor, scale: torch.Tensor, fmt: FloatFormat, g: Granularity) -> torch.Tensor:
+    # x * scale is one float32 multiply (TE: `static_cast<float>(x) * scale`), then RNE with
+    # saturation, which is cvt.rn.satfinite and equals clamp(+-max) followed by the cast.
+    return encode_bits(x * _per_element(scale, g), fmt, "rne", True)
+
+
+def fp8_quantize(
+    x: torch.Tensor,
+    fmt: str | FloatFormat = "e4m3",
+    *,
+    granularity: str = "tensor",
+    scale_formula: str = "te",
+    margin: int = 0,
+    power_of_2: bool = False,
+    eps: float = 0.0,
+) -> FP8Tensor:
+    """Current-scaling FP8 quantization of x (float32, bfloat16 or float16).
+
+    ``granularity``: ``"tensor"`` (any shape), ``"row"`` (one scale per row of a 2D
+    tensor), ``"block1x128"`` (1x128 along the last dim) or ``"block128x128"`` (tiles).
+    ``scale_formula``, ``margin``, ``power_of_2`` and ``eps``: see the module docstring.
+    """
+    fmt = _check_fp8_format(fmt)
+    check_float_tensor(x)
+    if x.dtype not in _FP8_INPUTS:
+        raise TypeError(f"x.dtype={x.dtype}; fp8_quantize takes {[str(d) for d in _FP8_INPUTS]} "
+                        "(TE reads at most float32: convert float64 input explicitly)")
+    if granularity not in FP8_GRANULARITIES:
+        raise ValueError(f"granularity={granularity!r} is not known; expected one of {list(FP8_GRANULARITIES)}")
+    _check_options(scale_formula, margin, power_of_2, eps)
+    g = FP8_GRANULARITIES[granularity]
+    xf = x.to(torch.float32)
+    amax = _amax(xf, granularity)
+    inf_value = torch.finfo(x.dtype).max if g.inf_to_input_max else FLT_MAX
+    opt = ScaleOptions(margin=margin, power_of_2=power_of_2, eps=float(eps), value_for_inf=inf_value)
+    scale = SCALE_FORMULAS[scale_formula](amax, fmt.max, opt)
+    codes = _encode_scaled(xf, scale, fmt, g)
+    return FP8Tensor(codes=codes, scale_inv=1.0 / scale, fmt=fmt, granularity=granularity, scale=scale,
+                     amax=amax)
+
+
+# ---------------------------------------------------------------------------------------
+# Delayed scaling (TransformerEngine DelayedScaling), matched against:
+#   transformer_engine/common/recipe/delayed_scaling.cu @ 6b71a0adeedf9ab82c0ed2b179dc419cec2cc789
+#     (kernel_bulk: the default fused_amax_and_scale_update_after_reduction path)
+#   transformer_engine/pytorch/quantization.py @ f2b6810c5a7df9c443e53e685253387e2d5c133c
+#     (reduce_and_update_fp8_tensors; the unfused path, NVTE_UNFUSED_FP8_UPDATE=1:
+#      _default_get_amax_and_update_history, _update_amax_history, _default_sf_compute)
+# The cast for step t uses the scale produced by the update after step t-1; the cast writes
+# its amax into amax_history[0]; the update (at autocast exit) reads a window that includes
+# that amax. So a scale lags its amax by one step.
+
+_AMAX_ALGOS = ("max", "most_recent")
+
+
+def _roll(h: torch.Tensor) -> torch.Tensor:
+    # torch.roll(h, -1) then zero row 0: new[i] = old[i+1], new[L-1] = old[0], new[0] = 0.
+    h = torch.roll(h, -1, 0)
+    h[0] = 0.0
+    return h
+
+
+def _fused_update(h, scale, algo, fp8_max, margin):
+    """delayed_scaling.cu kernel_bulk: no roll at all when the current amax is 0; fmaxf
+    (NaN ignored) over the window; scale = scaled_max / amax in float32."""
+    last = h[0].clone()
+    amax = torch.zeros((), dtype=torch.float32)
+    if bool(last != 0):  # NaN != 0 is true: a NaN amax rolls
+        amax = torch.nan_to_num(h, nan=0.0, posinf=math.inf).amax().clamp(min=0.0)  # fmaxf from 0
+        h = _roll(h)
+    if algo == "most_recent":
+        amax = last
+    scaled_max = torch.tensor(fp8_max * 2.0**-margin, dtype=torch.float32)  # exact
+    ok = torch.isfinite(amax) & (amax > 0)
+    new = torch.where(ok, scaled_max / amax, scale)
+    return h, torch.where(torch.isinf(new), torch.tensor(FLT_MAX), new)
+
+
+def _unfused_update(h, scale, algo, fp8_max, margin):
+    """quantization.py _amax_and_scale_update: always rolls; torch.max propagates NaN;
+    sf = (fp8_max / amax) / 2**margin, kept where amax is not finite and > 0."""
+    amax = torch.max(h, dim=0).values if algo == "max" else h[0].clone()
+    h = _roll(h)
+    sf = (fp8_max / amax) / (2**margin)
+    sf = torch.where(amax > 0.0, sf, scale)
+    sf = torch.where(torch.isfinite(amax), sf, scale)
+    return h, torch.where(torch.isinf(sf), torch.full_like(sf, FLT_MAX), sf)
+
+
+class DelayedScaling:
+    """TransformerEngine delayed scaling for one tensor: an amax history and a scale.
+
+    ``quantize(x)`` casts with the current scale (tensorwise, RNE, satfinite), then
+    ``update(amax(x))``. ``update`` writes the amax into ``amax_history[0]`` and runs TE's
+    update: ``fused=True`` the default CUDA ``kernel_bulk``, ``fused=False`` the Python
+    path (``NVTE_UNFUSED_FP8_UPDATE=1``). They differ when the current amax is 0 (fused:
+    no roll, scale kept) and on NaN in the window (fused: ignored; unfused: scale frozen).
+    """
+
+    def __init__(
+        self,
+        fmt: str | FloatFormat = "e4m3",
+        amax_history_len: int = 1024,
+        amax_compute_algo: str = "max",
+        margin: int = 0,
+        fused: bool = True,
+    ) -> None:
+        self.fmt = _check_fp8_format(fmt)
+        if not isinstance(amax_history_len, int) or isinstance(amax_history_len, bool) or amax_history_len < 1:
+            raise ValueError(f"amax_history_len={amax_history_len!r}; expected an int >= 1")
+        if amax_compute_algo not in _AMAX_ALGOS:
+            raise ValueError(f"amax_compute_algo={amax_compute_algo!r} is not known; expected one of {list(_AMAX_ALGOS)}")
+        _check_margin(margin)
+        if not isinstance(fused, bool):
+            raise TypeError(f"fused must be a bool, got {type(fused).__name__}")
+        self.amax_history_len = amax_history_len
+        self.amax_compute_algo = amax_compute_algo
+        self.margin = margin
+        self.fused = fused
+        self.amax_history = torch.zeros(amax_history_len, dtype=torch.float32)
+        self.scale = torch.ones((), dtype=torch.float32)
+
+    def __repr__(self) -> str:
+        return (f"DelayedScaling(fmt={self.fmt.name!r}, amax_history_len={self.amax_history_len}, "
+                f"amax_compute_algo={self.amax_compute_algo!r}, margin={self.margin}, fused={self.fused})")
+
+    @property
+    def scale_inv(self) -> torch.Tensor:
+        return 1.0 / self.scale
+
+    def quantize(self, x: torch.Tensor) -> FP8Tensor:
+        """Cast x with the current scale, then record its amax and update the state."""
+        check_float_tensor(x)
+        if x.dtype not in _FP8_INPUTS:
+            raise TypeError(f"x.dtype={x.dtype}; DelayedScaling.quantize takes {[str(d) for d in _FP8_INPUTS]}")
+        xf = x.to(torch.float32)
+        amax = _amax(xf, "tensor")
+        scale = self.scale.clone()
+        codes = _encode_scaled(xf, scale, self.fmt, FP8_GRANULARITIES["tensor"])
+        out = FP8Tensor(codes=codes, scale_inv=1.0 / scale, fmt=self.fmt, granularity="tensor", scale=scale,
+                        amax=amax)
+        self.update(amax)
+        return out
+
+    def update(self, amax: float | torch.Tensor) -> None:
+        """Record amax (>= 0, Inf or NaN) into amax_history[0] and run TE's update."""
+        a = torch.as_tensor(amax, dtype=torch.float32).detach().cpu()
+        if a.numel() != 1:
+            raise ValueError(f"amax must be a scalar, got shape {tuple(a.shape)}")
+        a = a.reshape(())
+        if bool(a < 0):
+            raise ValueError(f"amax={float(a)!r} is negative; an amax is max |x| (>= 0, Inf or NaN)")
+        h = self.amax_history.clone()
+        h[0] = a
+        step = _fused_update if self.fused else _unfused_update
+        self.amax_history, self.scale = step(h, self.scale, self.amax_compute_algo, self.fmt.max, self.margin)

@@ -1,0 +1,150 @@
+"""MX block scaling (OCP MX v1.0 and the scale rules vendors actually ship)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from mxcheck.formats import FloatFormat, check_float_tensor, check_rounding, decode_table, encode_bits_float, get_format
+from mxcheck.hadamard import Hadamard, apply_hadamard, get_hadamard
+from mxcheck.packing import pack_codes
+from mxcheck.scaling.blocks import block_amax, check_axis, check_tiles, pad_last, per_element, per_row
+from mxcheck.scaling.rules import E8M0_NAN, check_scale_rule, scale_bytes
+
+__all__ = ["MX_ELEMENT_FORMATS", "MXTensor", "mx_quantize"]
+
+MX_ELEMENT_FORMATS = ("e2m1", "e2m3", "e3m2", "e4m3", "e5m2", "e4m3fnuz", "e5m2fnuz")
+# The scale rules are defined on float32 bits; float64 amax would first round to float32.
+_MX_INPUTS = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@dataclass(frozen=True)
+class MXTensor:
+    """An MX-quantized tensor: one element code per element and one E8M0 byte per block.
+
+    ``codes`` has the shape of the input (the blocked axis padded when ``pad_to`` was
+    given); ``scales`` has it with the blocked axis divided by ``block_size`` (for 2D
+    tiles each row of a tile carries the tile's byte). With ``hadamard`` the codes hold
+    the rotated tensor, which is what a GEMM consumes.
+    """
+
+    codes: torch.Tensor
+    scales: torch.Tensor
+    fmt: FloatFormat
+    block_size: int
+    axis: int
+    shape: tuple[int, ...]
+    scale_rule: str
+    rounding: str
+    block_2d: bool = False
+    hadamard: Hadamard | None = None
+    zero_scale: int = 0
+
+    def dequantize(self, *, padded: bool = False) -> torch.Tensor:
+        """float32 values (exact: element * 2**(scale - 127)); NaN where the scale is 255."""
+        codes = self.codes.movedim(self.axis, -1)
+        scales = per_element(self.scales.movedim(self.axis, -1), self.block_size).to(torch.int32)
+        values = decode_table(self.fmt, codes.device)[codes.to(torch.int64)]
+        out = torch.ldexp(values, (scales - 127).to(torch.float64))
+        out = torch.where(scales == E8M0_NAN, torch.nan, out).to(torch.float32)
+        if not padded:
+            out = out[..., : self.shape[self.axis]]
+        return out.movedim(-1, self.axis)
+
+    def pack(self) -> torch.Tensor:
+        """Codes packed along the blocked axis: fp4 two per byte (low nibble = even index),
+        fp6 four in three bytes, fp8 one per byte."""
+        return pack_codes(self.codes.movedim(self.axis, -1), self.fmt.bits).movedim(-1, self.axis)
+
+
+def mx_quantize(
+    x: torch.Tensor,
+    fmt: str | FloatFormat,
+    *,
+    block_size: int = 32,
+    axis: int = -1,
+    scale_rule: str = "floor",
+    rounding: str = "rne",
+    block_2d: bool = False,
+    hadamard: str | Hadamard | None = None,
+    zero_scale: int = 0,
+    pad_to: int | None = None,
+    rand: torch.Tensor | None = None,
+) -> MXTensor:
+    """Quantize x to MX blocks of ``block_size`` along ``axis``.
+
+    Steps: zero-pad the blocked axis to ``pad_to``; rotate (``hadamard``) along it;
+    take each block's float32 amax (``block_2d``: block_size x block_size tiles over the
+    blocked axis and the axis before it); pick the E8M0 byte by ``scale_rule``; divide by
+    2**e exactly and round each element with ``rounding``, saturating to +-max.
+    """
+    fmt = _check_element_format(fmt)
+    check_float_tensor(x)
+    if x.dtype not in _MX_INPUTS:
+        raise TypeError(f"x.dtype={x.dtype}; mx_quantize takes {[str(d) for d in _MX_INPUTS]} "
+                        "(scale rules read float32 bits: convert float64 input explicitly)")
+    axis = check_axis(x, axis)
+    check_scale_rule(scale_rule)
+    u = check_rounding(rounding, rand, x)
+    _check_block_args(x, block_size, block_2d, zero_scale, pad_to, axis)
+    rot = get_hadamard(hadamard)
+
+    xs = x.to(torch.float32).movedim(axis, -1)
+    if pad_to is not None:
+        xs = pad_last(xs, pad_to)
+        u = None if u is None else pad_last(u.movedim(axis, -1), pad_to)
+    elif u is not None:
+        u = u.movedim(axis, -1)
+    check_tiles(xs.shape[-1], block_size, f"axis {axis} of x (shape {tuple(x.shape)})")
+    if rot is not None:
+        check_tiles(xs.shape[-1], rot.size, f"axis {axis} of x for the {rot.size}-point Hadamard", False)
+        xs = apply_hadamard(xs, rot, axis=-1)
+    rows = block_size if block_2d else 1
+    if block_2d:
+        check_tiles(xs.shape[-2], block_size, f"the row axis of x for 2D blocks (shape {tuple(x.shape)})", False)
+
+    scales = per_row(scale_bytes(block_amax(xs, rows, block_size), fmt, scale_rule, zero_scale), rows)
+    # Dividing by 2**e is a float32 multiply by 2**-e: exact wherever the result can matter
+    # (a product that falls into float32 subnormals lies far below the element's smallest
+    # subnormal and rounds to zero either way). A NaN scale makes the whole block NaN.
+    inv_scale = torch.exp2(127 - scales.to(torch.float64)).to(torch.float32)
+    inv_scale = torch.where(scales == E8M0_NAN, torch.nan, inv_scale)
+    u_blocked = None if u is None else u.unflatten(-1, (-1, block_size))
+    codes = encode_bits_float(xs.unflatten(-1, (-1, block_size)), fmt, rounding, u_blocked,
+                              scale=inv_scale.unsqueeze(-1), nan_codes=False)
+    # Store the format's NaN code (0 where it has none) for a NaN block, whatever the sign
+    # of its NaNs, so the bytes are deterministic; they read NaN through the scale anyway.
+    nan_code = torch.tensor(fmt.nan_code if fmt.nan_code is not None else 0, dtype=codes.dtype)
+    codes = torch.where((scales == E8M0_NAN).unsqueeze(-1), nan_code, codes).flatten(-2)
+    return MXTensor(
+        codes=codes.movedim(-1, axis),
+        scales=scales.movedim(-1, axis),
+        fmt=fmt,
+        block_size=block_size,
+        axis=axis,
+        shape=tuple(x.shape),
+        scale_rule=scale_rule,
+        rounding=rounding,
+        block_2d=block_2d,
+        hadamard=rot,
+        zero_scale=zero_scale,
+    )
+
+
+def _check_element_format(fmt: str | FloatFormat) -> FloatFormat:
+    fmt = get_format(fmt)
+    if fmt.name not in MX_ELEMENT_FORMATS:
+        raise ValueError(f"fmt={fmt.name!r} is not an MX element format; expected one of {list(MX_ELEMENT_FORMATS)}")
+    return fmt
+
+
+def _check_block_args(x, block_size, block_2d, zero_scale, pad_to, axis) -> None:
+    if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
+        raise ValueError(f"block_size={block_size!r}; expected a positive int (32 for MX, 16 for NVFP4)")
+    if not isinstance(zero_scale, int) or not 0 <= zero_scale <= 254:
+        raise ValueError(f"zero_scale={zero_scale!r}; expected an E8M0 byte in [0, 254] (0, or 127 as AITER MXFP6)")
+    if pad_to is not None and (not isinstance(pad_to, int) or pad_to < 1 or pad_to % block_size):
+        raise ValueError(f"pad_to={pad_to!r}; expected a positive multiple of block_size={block_size}")
+    if block_2d and x.ndim < 2:
+        raise ValueError(f"block_2d=True needs a tensor of at least 2 dims, got shape {tuple(x.shape)}")

@@ -1,0 +1,155 @@
+"""NVFP4: e2m1 elements, one ue4m3 scale per 16 elements, and a float32 per-tensor scale.
+
+The arithmetic is TransformerEngine's, operation for operation in float32:
+
+- transformer_engine/pytorch/custom_recipes/reference_nvfp4.py @ 1498424bdc2a9953d3046735e763e1487320d520
+  (``NVFP4QuantizerRef._quantize_blockwise_reference``)
+- transformer_engine/common/cast/nvfp4/core_nvfp4.cuh @ 0718c016863048464893666999f6ae0cb64918db
+  (``compute_global_encode_scaling_factor_FP4``, ``compute_decoding_scaling_factor``,
+  ``compute_scaling_coefficient<float>``)
+- transformer_engine/common/cast/nvfp4/dequantize_nvfp4.cuh @ 05f018392e819ec3cc7a6a966645fc4a616abb3a
+
+::
+
+    S_enc = min(fl32(448 * 6) / global_amax, FLT_MAX); 1.0 if global_amax == 0 or S_enc == 0
+    S_dec = 1 / S_enc
+    s     = ue4m3_rne_satfinite(min(vec_max * (S_enc * fl32(1/6)), FLT_MAX))   # the block scale
+    enc   = min(1 / (fp32(s) * S_dec), FLT_MAX)
+    code  = e2m1(clamp(x * enc, -6, 6))          # RNE, or SR from 8 random bits per element
+
+Unlike torchao (which clamps block scales to >= 2**-6, the smallest e4m3 normal), TE keeps
+ue4m3 subnormal and zero block scales; a zero block scale gives ``enc = FLT_MAX``.
+NaN follows the reference (torch ``amax``/``min`` propagate NaN: a NaN anywhere makes the
+global amax NaN, every block scale the NaN code 0x7F and every element code 0); TE's CUDA
+kernels use ``fmaxf``/``fminf``, which skip NaN, a kernel detail not modelled here.
+A -0.0 (or a negative that rounds to zero) keeps its sign (code 0x8), as the hardware
+``cvt`` and torchao do; the reference's ``cast_to_fp4x2`` writes +0 for -0.0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from mxcheck.formats import FORMATS, check_float_tensor, check_rounding, decode_table, encode_bits
+from mxcheck.hadamard import Hadamard, apply_hadamard, get_hadamard
+from mxcheck.scaling.blocks import block_amax, check_tiles, per_element, per_row
+
+__all__ = ["NVFP4_BLOCK", "NVFP4Tensor", "nvfp4_quantize"]
+
+NVFP4_BLOCK = 16
+_E2M1 = FORMATS["e2m1"]
+_UE4M3 = FORMATS["ue4m3"]
+_FLT_MAX = torch.finfo(torch.float32).max
+_INPUTS = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _f32(v: float) -> torch.Tensor:
+    return torch.tensor(v, dtype=torch.float32)
+
+
+# The product fp8_max * fp4_max is exact; 1/6 and 1/(6*448) are float32 constants as in the
+# kernels (``constexpr float fp4_max_inv = 1.0f / 6.0f``, ``factor_inv = 1.0 / (6.0 * 448.0)``).
+_E4M3_X_E2M1_MAX = FORMATS["e4m3"].max * _E2M1.max  # 2688
+_RCP_E2M1_MAX = 1.0 / _E2M1.max
+
+
+@dataclass(frozen=True, eq=False)
+class NVFP4Tensor:
+    """An NVFP4-quantized tensor.
+
+    ``codes``: uint8 e2m1 codes, shape of x. ``block_scales``: uint8 ue4m3 codes, shape of x
+    with the last dim divided by 16 (with ``block_2d`` each 16x16 tile's scale sits on each
+    of its 16 rows). ``amax``: float32 global amax (TE's ``amax`` / ``global_amax_row``,
+    taken after the Hadamard). ``tensor_scale``: float32 ``amax / (6 * 448)``, the
+    per-tensor *decode* factor of TE (reference_nvfp4's dequantization and GEMM alpha,
+    dequantize_nvfp4.cuh) and torchao's ``per_tensor_scale``; it is not TE's quantization
+    ``S_dec = 1 / S_enc``, which can differ from it in the last bit. With ``hadamard`` the
+    codes hold the rotated tensor, as a GEMM consumes it.
+    """
+
+    codes: torch.Tensor
+    block_scales: torch.Tensor
+    tensor_scale: torch.Tensor
+    amax: torch.Tensor
+    block_2d: bool = False
+    hadamard: Hadamard | None = None
+
+    def dequantize(self) -> torch.Tensor:
+        """float32 ``e2m1 * ((fp32(s) * amax) * fl32(1/(6*448)))``, as dequantize_nvfp4.cuh."""
+        values = decode_table(_E2M1, self.codes.device).to(torch.float32)[self.codes.to(torch.int64)]
+        s = decode_table(_UE4M3, self.codes.device).to(torch.float32)[self.block_scales.to(torch.int64)]
+        final_scale = (s * self.amax) * _f32(1.0 / _E4M3_X_E2M1_MAX)
+        return values * per_element(final_scale, NVFP4_BLOCK)
+
+
+def _global_encode_scale(amax: torch.Tensor) -> torch.Tensor:
+    """core_nvfp4.cuh compute_global_encode_scaling_factor_FP4 (NaN propagates, as the reference)."""
+    s_enc = torch.minimum(_f32(_E4M3_X_E2M1_MAX) / amax, _f32(_FLT_MAX))
+    return torch.where((amax == 0) | (s_enc == 0), _f32(1.0), s_enc)
+
+
+def _check_args(x: torch.Tensor, block_2d: bool) -> None:
+    check_float_tensor(x)
+    if x.dtype not in _INPUTS:
+        raise TypeError(f"x.dtype={x.dtype}; nvfp4_quantize takes {[str(d) for d in _INPUTS]} "
+                        "(TE reads at most float32: convert float64 input explicitly)")
+    if not isinstance(block_2d, bool):
+        raise TypeError(f"block_2d must be a bool, got {type(block_2d).__name__}")
+    if x.ndim < (2 if block_2d else 1):
+        raise ValueError(f"x of shape {tuple(x.shape)} has too few dims; nvfp4_quantize needs "
+                         f"{'2 (16x16 tiles)' if block_2d else '1'} or more")
+    check_tiles(x.shape[-1], NVFP4_BLOCK, f"x dim -1 (K) of shape {tuple(x.shape)}", pad_hint=False)
+    if block_2d:
+        check_tiles(x.shape[-2], NVFP4_BLOCK, f"x dim -2 (rows, for 16x16 tiles) of shape {tuple(x.shape)}",
+                    pad_hint=False)
+
+
+def nvfp4_quantize(
+    x: torch.Tensor,
+    *,
+    block_2d: bool = False,
+    hadamard: str | Hadamard | None = None,
+    rand: torch.Tensor | None = None,
+) -> NVFP4Tensor:
+    """Quantize x (float32, bfloat16 or float16; last dim a multiple of 16) to NVFP4.
+
+    ``block_2d``: 16x16 tiles over the last two dims share a scale (TE's weights).
+    ``hadamard``: a rotation (e.g. ``"h16_te"``, TE's RHT) applied along the last dim
+    before the amax; TE applies it to the columnwise (wgrad) copy, so pass the transposed
+    tensor. ``rand``: uint8 random bits per element (shape of x) for stochastic rounding of
+    the elements, as TE's SR fallback (round away iff frac + bits/256 >= 1); None is RNE.
+    """
+    _check_args(x, block_2d)
+    u = None if rand is None else check_rounding("sr", rand, x)
+    rot = get_hadamard(hadamard)
+    xf = x.to(torch.float32)
+    if rot is not None:
+        xf = apply_hadamard(xf, rot, axis=-1).to(torch.float32)
+    # Blocks are (..., rows, cols): a 1D input is one row.
+    work = xf if xf.ndim >= 2 else xf.unsqueeze(0)
+
+    # 1. Global amax and the global encode / decode scales.
+    amax = block_amax(work.reshape(1, -1), 1, work.numel()).reshape(()) if work.numel() else _f32(0.0)
+    s_enc = _global_encode_scale(amax)
+    s_dec = 1.0 / s_enc
+    # 2. Block scales: vec_max * (S_enc * fl32(1/6)), min FLT_MAX, ue4m3 RNE satfinite.
+    rows = NVFP4_BLOCK if block_2d else 1
+    vec_max = per_row(block_amax(work, rows, NVFP4_BLOCK), rows)
+    s_f32 = torch.minimum(vec_max * (s_enc * _f32(_RCP_E2M1_MAX)), _f32(_FLT_MAX))
+    block_scales = encode_bits(s_f32, _UE4M3, "rne", True)
+    # 3. Per-block encode scale from the *rounded* block scale, then the elements.
+    s_blk = decode_table(_UE4M3, x.device).to(torch.float32)[block_scales.to(torch.int64)]
+    enc = torch.minimum(1.0 / (s_blk * s_dec), _f32(_FLT_MAX))
+    scaled = torch.clamp(work * per_element(enc, NVFP4_BLOCK), -_E2M1.max, _E2M1.max)
+    codes = encode_bits(scaled, _E2M1, "rne" if u is None else "sr", True, None if u is None else u.reshape(scaled.shape))
+    scale_shape = (*x.shape[:-1], x.shape[-1] // NVFP4_BLOCK)
+    return NVFP4Tensor(
+        codes=codes.reshape(x.shape),
+        block_scales=block_scales.reshape(scale_shape),
+        tensor_scale=amax / _f32(_E4M3_X_E2M1_MAX),
+        amax=amax,
+        block_2d=block_2d,
+        hadamard=rot,
+    )
