@@ -12,6 +12,7 @@ compiled oracle: <= 2.0). Not a test: numbers go to benchmarks/README.md.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import time
@@ -69,8 +70,8 @@ def main() -> None:
         floor_s = moved / copy_bandwidth(args.device)
     results = []
     for fmt, rule, ao_dtype in CASES:
-        ours = lambda: mx_quantize(x, fmt, scale_rule=rule)  # noqa: E731
-        theirs = lambda: to_mx(x, getattr(torch, ao_dtype), 32, ScaleCalculationMode(rule))  # noqa: E731
+        ours = functools.partial(mx_quantize, x, fmt, scale_rule=rule)
+        theirs = functools.partial(to_mx, x, getattr(torch, ao_dtype), 32, ScaleCalculationMode(rule))
         variants = [("eager", ours, theirs)]
         if args.compile:
             variants.append(("compile", torch.compile(ours), torch.compile(theirs)))

@@ -225,6 +225,8 @@ def check_rounding(rounding: str, rand: torch.Tensor | None, like: torch.Tensor)
     if rand.dtype == torch.uint8:
         return rand.to(torch.float64) / 256.0
     if rand.dtype == torch.float32:
+        if not bool(((rand >= 0) & (rand < 1)).all()):
+            raise ValueError("rand holds float32 values outside [0, 1) (or NaN); expected uniforms in [0, 1)")
         return rand.to(torch.float64)
     raise TypeError(f"rand.dtype={rand.dtype}; expected torch.uint8 (8 random bits) or torch.float32 in [0, 1)")
 
@@ -293,12 +295,15 @@ def encode_bits_float(x: torch.Tensor, fmt: FloatFormat, rounding: str = "rne",
     a = x.to(torch.float32) * scale if scale is not None else x.to(torch.float32, copy=True)
     if rounding == "rne" and fmt.torch_dtype is not None and fmt.bits == 8:
         # clamp keeps NaN, and torch's cast keeps a NaN's sign as the integer path does
-        return a.clamp_(-fmt.max, fmt.max).to(fmt.torch_dtype).view(torch.uint8)
-    sign_source = a.view(torch.int32)
-    sign = (sign_source >> (32 - fmt.bits)) & fmt.sign_mask
+        code = a.clamp_(-fmt.max, fmt.max).to(fmt.torch_dtype).view(torch.uint8)
+        if x.dtype == torch.float16 and fmt.nan != "fnuz":  # float16 -> float32 drops a NaN's sign
+            code = code | ((torch.isnan(a) & torch.signbit(x)).to(torch.uint8) << 7)
+        return code
+    # signbit of the source itself: torch's float16 -> float32 cast drops a NaN's sign
+    sign = torch.signbit(x).to(torch.int32) << (fmt.bits - 1)
     nan = torch.isnan(a) if nan_codes else None
     a.abs_()
-    torch.fmin(a, torch.tensor(fmt.max), out=a)  # fmin: Inf -> max, NaN -> max (fixed below)
+    a.clamp_(max=fmt.max)  # Inf -> max; a NaN stays NaN and its code is fixed below
     e_bits = (a.view(torch.int32) & _F32_EXP_MASK).clamp_(min=(fmt.emin + 127) << 23)
     # 1 / quantum = 2**(mbits - E): its float32 exponent field is 127 + mbits - E.
     a.mul_((((2 * 127 + fmt.mbits) << 23) - e_bits).view(torch.float32))
@@ -327,6 +332,7 @@ def encode_bits_int(
     float64 sources, and a per-element scale exponent divided out exactly even where
     x / 2**e would be a float32 subnormal).
     """
+    negative = torch.signbit(x)  # before widening: float16 -> float32 drops a NaN's sign
     if x.dtype not in _SOURCE_LAYOUTS:
         x = x.to(torch.float32)
     int_dtype, src_ebits, src_mbits = _SOURCE_LAYOUTS[x.dtype]
@@ -339,7 +345,6 @@ def encode_bits_int(
     renorm = 2 * src_mbits + 18  # 64 for float32, 122 for float64: lifts the least subnormal
     tiny = field == 0
     bits = torch.where(tiny, (x * 2.0**renorm).view(int_dtype), bits)
-    negative = bits < 0
     field = (bits >> src_mbits) & ((1 << src_ebits) - 1)
     mant = bits & ((1 << src_mbits) - 1)
     special = field == (1 << src_ebits) - 1
@@ -424,7 +429,7 @@ def encode(
     return encode_bits(x, fmt, rounding, saturate, u)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _decode_table(fmt: FloatFormat) -> torch.Tensor:
     from mxcheck.reference import decode_scalar  # noqa: PLC0415  (reference imports this module)
 

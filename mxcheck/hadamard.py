@@ -210,6 +210,6 @@ def apply_hadamard(x: torch.Tensor, hadamard: Hadamard | str, *, axis: int = -1)
     if h.signs is not None:
         work = work * torch.tensor(h.signs, dtype=work.dtype, device=work.device)
     # The norm as a tensor of the working dtype, so the multiply is one rounding in that dtype.
-    work = _walsh_hadamard(work) * torch.tensor(h.scale * (1 + 2**-12), dtype=work.dtype, device=work.device)
+    work = _walsh_hadamard(work) * torch.tensor(h.scale, dtype=work.dtype, device=work.device)
     work = work.reshape(moved_shape).movedim(-1, axis)
     return _round_to(work, h.round_output_to).contiguous()

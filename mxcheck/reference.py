@@ -52,7 +52,7 @@ def decode_scalar(code: int, fmt: str | FloatFormat) -> float:
     return -value if negative else value
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _table(fmt: FloatFormat) -> tuple[list[Fraction], list[int]]:
     """Finite non-negative values in increasing order, their codes, and one step past max."""
     pairs = []

@@ -264,10 +264,16 @@ def _fused_update(h, scale, algo, fp8_max, margin):
 
 def _unfused_update(h, scale, algo, fp8_max, margin):
     """quantization.py _amax_and_scale_update: always rolls; torch.max propagates NaN;
-    sf = (fp8_max / amax) / 2**margin, kept where amax is not finite and > 0."""
+    sf = (fp8_max / amax) / 2**margin, kept where amax is not finite and > 0.
+
+    TE writes ``fp8_max / amax`` with a Python float over a tensor, which torch evaluates as
+    ``amax.reciprocal() * fp8_max`` (Tensor.__rtruediv__; torch.compile on CPU does the
+    same): two roundings, so about a quarter of amaxes get a scale one ulp away from the
+    fused kernel's single division.
+    """
     amax = torch.max(h, dim=0).values if algo == "max" else h[0].clone()
     h = _roll(h)
-    sf = (fp8_max / amax) / (2**margin)
+    sf = (torch.reciprocal(amax) * fp8_max) / (2**margin)
     sf = torch.where(amax > 0.0, sf, scale)
     sf = torch.where(torch.isfinite(amax), sf, scale)
     return h, torch.where(torch.isinf(sf), torch.full_like(sf, FLT_MAX), sf)

@@ -6,10 +6,24 @@ from dataclasses import dataclass
 
 import torch
 
-from mxcheck.formats import FloatFormat, check_float_tensor, check_rounding, decode_table, encode_bits_float, get_format
+from mxcheck.formats import (
+    FloatFormat,
+    check_float_tensor,
+    check_rounding,
+    decode_table,
+    encode_bits_float,
+    get_format,
+)
 from mxcheck.hadamard import Hadamard, apply_hadamard, get_hadamard
 from mxcheck.packing import pack_codes
-from mxcheck.scaling.blocks import block_amax, check_axis, check_tiles, pad_last, per_element, per_row
+from mxcheck.scaling.blocks import (
+    block_amax,
+    check_axis,
+    check_tiles,
+    pad_last,
+    per_element,
+    per_row,
+)
 from mxcheck.scaling.rules import E8M0_NAN, check_scale_rule, scale_bytes
 
 __all__ = ["MX_ELEMENT_FORMATS", "MXTensor", "mx_quantize"]

@@ -1,0 +1,47 @@
+"""The oracles give the same bits on a CUDA device as on the CPU, eager and compiled.
+
+The float path of encode uses torch's own fp8 conversion for RNE into e4m3/e5m2; these
+tests are what shows the CUDA conversion agrees with the CPU one (and with the integer
+path, which test_encode_paths.py holds it to on the CPU).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import mxcheck
+from mxcheck.formats import encode_bits_int
+from mxcheck.scaling.mx import MX_ELEMENT_FORMATS
+from tests.test_encode_paths import FAST_FORMATS, hard_points
+
+pytestmark = pytest.mark.cuda
+
+RULES = ("floor", "ceil", "even", "rceil")
+
+
+@pytest.mark.parametrize("rounding", ("rne", "half_away", "trunc"))
+@pytest.mark.parametrize("fmt", FAST_FORMATS, ids=str)
+def test_encode_on_cuda_equals_the_cpu_integer_path(fmt, rounding, gen):
+    x = hard_points(fmt, gen)
+    got = mxcheck.formats.encode_bits(x.cuda(), fmt, rounding, True, None).cpu()
+    assert torch.equal(got, encode_bits_int(x, fmt, rounding, True, None))
+
+
+@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("fmt", MX_ELEMENT_FORMATS)
+def test_mx_quantize_on_cuda_equals_cpu(fmt, rule, gen):
+    x = (torch.randn(256, 512, generator=gen) * torch.exp2(torch.randint(-30, 30, (256, 1), generator=gen).float()))
+    x[3, 5] = float("inf")
+    x[7, 100] = float("nan")
+    cpu = mxcheck.mx_quantize(x, fmt, scale_rule=rule)
+    gpu = mxcheck.mx_quantize(x.cuda(), fmt, scale_rule=rule)
+    assert torch.equal(gpu.scales.cpu(), cpu.scales) and torch.equal(gpu.codes.cpu(), cpu.codes)
+
+
+@pytest.mark.parametrize(("fmt", "rule"), [("e2m1", "even"), ("e4m3", "rceil"), ("e2m3", "floor")])
+def test_compiled_mx_quantize_equals_eager(fmt, rule, gen):
+    x = torch.randn(512, 1024, generator=gen).cuda().bfloat16()
+    compiled = torch.compile(lambda t: mxcheck.mx_quantize(t, fmt, scale_rule=rule))
+    a, b = compiled(x), mxcheck.mx_quantize(x, fmt, scale_rule=rule)
+    assert torch.equal(a.codes, b.codes) and torch.equal(a.scales, b.scales)
