@@ -292,7 +292,8 @@ def encode_bits_float(x: torch.Tensor, fmt: FloatFormat, rounding: str = "rne",
     is multiplied in first; ``nan_codes=False`` skips the NaN fix-up for callers that
     overwrite NaN blocks themselves.
     """
-    a = x.to(torch.float32) * scale if scale is not None else x.to(torch.float32, copy=True)
+    # x * scale promotes a bf16/fp16 x to float32 in the same pass
+    a = x * scale.to(torch.float32) if scale is not None else x.to(torch.float32, copy=True)
     if rounding == "rne" and fmt.torch_dtype is not None and fmt.bits == 8:
         # clamp keeps NaN, and torch's cast keeps a NaN's sign as the integer path does
         code = a.clamp_(-fmt.max, fmt.max).to(fmt.torch_dtype).view(torch.uint8)

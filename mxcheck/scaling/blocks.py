@@ -47,9 +47,10 @@ def _tiled(x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
 
 
 def block_amax(x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
-    """max |x| per block in float32, shape (..., R / rows, C / cols); NaN propagates."""
-    a = _tiled(x.abs().float(), rows, cols)
-    return a.amax(dim=(-3, -1))
+    """max |x| per block in float32, shape (..., R / rows, C / cols); NaN propagates.
+
+    The abs and max run in x's own dtype (both exact), then only the maxima widen."""
+    return _tiled(x.abs(), rows, cols).amax(dim=(-3, -1)).float()
 
 
 def per_row(values: torch.Tensor, rows: int) -> torch.Tensor:

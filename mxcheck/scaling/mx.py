@@ -26,7 +26,7 @@ from mxcheck.scaling.blocks import (
 )
 from mxcheck.scaling.rules import E8M0_NAN, check_scale_rule, scale_bytes
 
-__all__ = ["MX_ELEMENT_FORMATS", "MXTensor", "mx_quantize"]
+__all__ = ["MX_ELEMENT_FORMATS", "MXTensor", "e8m0_reciprocal", "mx_quantize"]
 
 MX_ELEMENT_FORMATS = ("e2m1", "e2m3", "e3m2", "e4m3", "e5m2", "e4m3fnuz", "e5m2fnuz")
 # The scale rules are defined on float32 bits; float64 amax would first round to float32.
@@ -104,7 +104,7 @@ def mx_quantize(
     _check_block_args(x, block_size, block_2d, zero_scale, pad_to, axis)
     rot = get_hadamard(hadamard)
 
-    xs = x.to(torch.float32).movedim(axis, -1)
+    xs = x.movedim(axis, -1)  # kept in its dtype: abs and amax are exact there, and cheaper
     if pad_to is not None:
         xs = pad_last(xs, pad_to)
         u = None if u is None else pad_last(u.movedim(axis, -1), pad_to)
@@ -122,8 +122,7 @@ def mx_quantize(
     # Dividing by 2**e is a float32 multiply by 2**-e: exact wherever the result can matter
     # (a product that falls into float32 subnormals lies far below the element's smallest
     # subnormal and rounds to zero either way). A NaN scale makes the whole block NaN.
-    inv_scale = torch.exp2(127 - scales.to(torch.float64)).to(torch.float32)
-    inv_scale = torch.where(scales == E8M0_NAN, torch.nan, inv_scale)
+    inv_scale = e8m0_reciprocal(scales)
     u_blocked = None if u is None else u.unflatten(-1, (-1, block_size))
     codes = encode_bits_float(xs.unflatten(-1, (-1, block_size)), fmt, rounding, u_blocked,
                               scale=inv_scale.unsqueeze(-1), nan_codes=False)
@@ -144,6 +143,15 @@ def mx_quantize(
         hadamard=rot,
         zero_scale=zero_scale,
     )
+
+
+def e8m0_reciprocal(scales: torch.Tensor) -> torch.Tensor:
+    """float32 2**(127 - byte), built from bits: byte 254 gives the subnormal 2**-127 and
+    255 (E8M0 NaN) gives NaN. No float64 and no exp2, so a compiled kernel stays cheap."""
+    b = scales.to(torch.int32)
+    special = torch.where(b == 254, 1 << 22, 0x7FC00000).to(torch.int32)
+    bits = torch.where(b < 254, (254 - b) << 23, special)
+    return bits.view(torch.float32)
 
 
 def _check_element_format(fmt: str | FloatFormat) -> FloatFormat:

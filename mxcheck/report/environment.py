@@ -1,0 +1,115 @@
+"""Provenance for a report: versions, device, architecture, commit and seed.
+
+Nothing here imports a vendor package: versions come from installed distribution
+metadata (importlib.metadata), because importing triton or aiter can take seconds,
+initialise a device, or fail in ways that have nothing to do with the report.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+from collections.abc import Iterable
+from importlib import metadata
+from typing import Any
+
+import torch
+
+import mxcheck
+
+__all__ = ["OPTIONAL_PACKAGES", "collect_environment", "device_info", "package_versions"]
+
+# Import name -> distribution names to try first. The names differ for some: ROCm wheels
+# ship Triton as pytorch-triton-rocm, AITER is published as amd-aiter, and
+# TransformerEngine's torch half is transformer_engine_torch.
+OPTIONAL_PACKAGES: dict[str, tuple[str, ...]] = {
+    "torchao": ("torchao",),
+    "transformer_engine": ("transformer_engine", "transformer_engine_torch"),
+    "primus_turbo": ("primus_turbo", "primus-turbo"),
+    "aiter": ("amd-aiter", "aiter"),
+    "triton": ("triton", "pytorch-triton-rocm", "pytorch-triton"),
+    "ml_dtypes": ("ml_dtypes",),
+}
+
+
+def _distribution_version(import_name: str, candidates: tuple[str, ...],
+                          providers: dict[str, list[str]]) -> str | None:
+    """Version of the first installed distribution providing ``import_name``, else None."""
+    names = list(candidates) + [d for d in providers.get(import_name, []) if d not in candidates]
+    for dist in names:
+        try:
+            version = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+        # Say which distribution when it is not the import name, e.g. pytorch-triton-rocm.
+        same = dist.replace("-", "_").lower() == import_name
+        return version if same else f"{version} ({dist})"
+    return None
+
+
+def package_versions(names: Iterable[str] = OPTIONAL_PACKAGES) -> dict[str, str | None]:
+    """{import name: installed version or None}, read from metadata without importing."""
+    try:
+        providers = metadata.packages_distributions()
+    except Exception:  # a broken dist-info elsewhere must not cost us the report
+        providers = {}
+    return {name: _distribution_version(name, OPTIONAL_PACKAGES.get(name, (name,)), providers)
+            for name in names}
+
+
+def device_info() -> dict[str, Any]:
+    """Accelerator name, architecture ("sm90", "gfx950" or "cpu") and runtime version."""
+    if not torch.cuda.is_available():
+        return {"device": "cpu", "arch": "cpu", "device_count": 0, "runtime": None}
+    props = torch.cuda.get_device_properties(0)
+    if torch.version.hip:
+        # gcnArchName carries target features ("gfx950:sramecc+:xnack-"); the arch is the head.
+        arch = str(getattr(props, "gcnArchName", "gfx?")).split(":")[0]
+        runtime = f"hip {torch.version.hip}"
+    else:
+        arch = f"sm{props.major}{props.minor}"
+        runtime = f"cuda {torch.version.cuda}"
+    return {"device": props.name, "arch": arch, "device_count": torch.cuda.device_count(),
+            "runtime": runtime}
+
+
+def _git(args: list[str], cwd: str | os.PathLike[str] | None) -> str | None:
+    try:
+        out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True,
+                             timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None  # no git, not a repository, or too slow: the report goes on without it
+    return out.stdout.strip()
+
+
+def git_info(cwd: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """Commit of the repository at ``cwd`` and whether tracked files differ from it."""
+    sha = _git(["rev-parse", "HEAD"], cwd)
+    if not sha:
+        return {"git_sha": None, "git_dirty": None}
+    status = _git(["status", "--porcelain", "--untracked-files=no"], cwd)
+    return {"git_sha": sha, "git_dirty": None if status is None else bool(status)}
+
+
+def collect_environment(seed: int | None = None, backends: Iterable[str] = (), *,
+                        cwd: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """The provenance a report carries: enough to tell two runs' setups apart.
+
+    ``backends`` are the names of the backends under test; ``cwd`` is where to look for
+    the git commit (the current directory by default). Nothing time-dependent is
+    recorded, so the same setup gives the same dict (and byte-identical reports).
+    """
+    env: dict[str, Any] = {
+        "mxcheck": mxcheck.__version__,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "platform": f"{sys.platform}-{platform.machine()}",
+    }
+    env.update(device_info())
+    env["packages"] = package_versions()
+    env.update(git_info(cwd))
+    env["seed"] = seed
+    env["backends"] = sorted(set(backends))
+    return env
