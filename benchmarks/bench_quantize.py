@@ -56,6 +56,7 @@ def main() -> None:
     p.add_argument("--cols", type=int, default=3072)
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--compile", action="store_true", help="also time torch.compile'd versions")
+    p.add_argument("--compile-mode", default=None, help="torch.compile mode, e.g. max-autotune-no-cudagraphs")
     p.add_argument("--json", help="write the results here too")
     args = p.parse_args()
 
@@ -74,7 +75,9 @@ def main() -> None:
         theirs = functools.partial(to_mx, x, getattr(torch, ao_dtype), 32, ScaleCalculationMode(rule))
         variants = [("eager", ours, theirs)]
         if args.compile:
-            variants.append(("compile", torch.compile(ours), torch.compile(theirs)))
+            mode = f"compile:{args.compile_mode or 'default'}"
+            variants.append((mode, torch.compile(ours, mode=args.compile_mode),
+                             torch.compile(theirs, mode=args.compile_mode)))
         for mode, a, b in variants:
             ta = median_seconds(a, args.device, args.repeat)
             try:

@@ -49,7 +49,11 @@ def _tiled(x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
 def block_amax(x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     """max |x| per block in float32, shape (..., R / rows, C / cols); NaN propagates.
 
-    The abs and max run in x's own dtype (both exact), then only the maxima widen."""
+    The reduction runs in x's own dtype (exact), then only the maxima widen. 1D blocks
+    take max and min in one read (no |x| tensor): max(hi, -lo) is the largest magnitude."""
+    if rows == 1 and x.shape[-1] > 0:
+        lo, hi = torch.aminmax(x.unflatten(-1, (-1, cols)), dim=-1)
+        return torch.maximum(hi, -lo).float()
     return _tiled(x.abs(), rows, cols).amax(dim=(-3, -1)).float()
 
 

@@ -52,7 +52,9 @@ def _rceil(amax: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
     # ceil(log2(amax / max_elem)), the division in float32 as torchao 0.18 does (TE and cuBLAS
     # multiply by a float32 reciprocal instead; a profile detail). A float32-subnormal
     # quotient rounds up to byte 1 only above 2^-127, which byte 0 already holds.
-    descale = amax / fmt.max
+    # float64 then float32 is the correctly rounded float32 quotient (53 >= 2*24 + 2), and
+    # stays so when a compiler turns the division into a reciprocal multiply (Inductor does).
+    descale = (amax.to(torch.float64) / fmt.max).to(torch.float32)
     field, mant = _fields(descale)
     normal = field > 0
     up = torch.where(normal, mant != 0, mant > (1 << (_F32_MBITS - 1)))
