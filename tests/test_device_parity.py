@@ -48,3 +48,16 @@ def test_compiled_mx_quantize_equals_eager_cpu(fmt, rule, gen):
     compiled = torch.compile(lambda t: mxcheck.mx_quantize(t, fmt, scale_rule=rule))
     a, b = compiled(x.cuda()), mxcheck.mx_quantize(x, fmt, scale_rule=rule)
     assert torch.equal(a.scales.cpu(), b.scales) and torch.equal(a.codes.cpu(), b.codes)
+
+
+@pytest.mark.parametrize("rows", [1, 32])
+def test_block_amax_on_cuda_equals_cpu_with_nan_and_inf(rows, gen):
+    from mxcheck.scaling.blocks import block_amax
+
+    x = torch.randn(3, 64, 96, generator=gen).bfloat16()
+    x[0, 1, 2] = float("nan")
+    x[1, 40, 70] = -float("inf")
+    cpu, gpu = block_amax(x, rows, 32), block_amax(x.cuda(), rows, 32).cpu()
+    assert cpu.shape == gpu.shape == (3, 64 // rows, 3)
+    assert torch.equal(cpu.nan_to_num(nan=-1.0), gpu.nan_to_num(nan=-1.0))
+    assert torch.isnan(gpu).sum().item() == 1 and torch.isinf(gpu).sum().item() == 1

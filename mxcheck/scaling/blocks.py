@@ -49,8 +49,14 @@ def _tiled(x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
 def block_amax(x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     """max |x| per block in float32, shape (..., R / rows, C / cols); NaN propagates.
 
-    The reduction runs in x's own dtype (exact), then only the maxima widen. 1D blocks
-    take max and min in one read (no |x| tensor): max(hi, -lo) is the largest magnitude."""
+    The reduction runs in x's own dtype (exact), then only the maxima widen. Each device
+    gets its fastest exact reduction (measured at 16384x3072 bf16): on CUDA a max-pool over
+    |x| (0.16 ms on an H200, where amax over 32-wide rows takes 0.49 ms); elsewhere 1D blocks
+    take max and min in one read, max(hi, -lo), with no |x| tensor.
+    """
+    if x.is_cuda and x.ndim >= 2 and x.numel():
+        pooled = torch.nn.functional.max_pool2d(x.abs().reshape(1, -1, *x.shape[-2:]), (rows, cols))
+        return pooled.reshape(*x.shape[:-2], *pooled.shape[-2:]).float()
     if rows == 1 and x.shape[-1] > 0:
         lo, hi = torch.aminmax(x.unflatten(-1, (-1, cols)), dim=-1)
         return torch.maximum(hi, -lo).float()
