@@ -12,7 +12,6 @@ import pytest
 import torch
 
 import mxcheck
-from mxcheck.metrics import snr_db
 from mxcheck.scaling.fp8 import FP8_FORMATS, fp8_quantize
 
 pytestmark = pytest.mark.emulated
@@ -313,7 +312,7 @@ SNR_FLOOR = {"e4m3": 25.0, "e5m2": 20.0, "e4m3fnuz": 25.0, "e5m2fnuz": 20.0}
 
 @pytest.mark.parametrize("granularity", ["tensor", "row", "block1x128", "block128x128"])
 @pytest.mark.parametrize("fmt", FP8_FORMATS)
-def test_dequantize_is_value_times_scale_inv_and_beats_snr_floor(fmt, granularity, gen):
+def test_dequantize_is_value_times_scale_inv_and_beats_snr_floor(fmt, granularity, gen, numerics):
     x = torch.randn(256, 256, generator=gen)
     q = fp8_quantize(x, fmt, granularity=granularity)
     values = torch.from_numpy(q.codes.numpy().view(ML_DTYPES[fmt]).astype(np.float32))
@@ -322,8 +321,8 @@ def test_dequantize_is_value_times_scale_inv_and_beats_snr_floor(fmt, granularit
         rows = 1 if granularity == "block1x128" else 128
         s = s.repeat_interleave(rows, 0).repeat_interleave(128, 1)
     assert torch.equal(q.dequantize().view(torch.int32), (values * s).view(torch.int32))
-    snr = snr_db(q.dequantize(), x.double())
-    assert snr > SNR_FLOOR[fmt], f"SNR {snr:.1f} dB < {SNR_FLOOR[fmt]} dB: fmt={fmt} granularity={granularity}"
+    numerics.context(recipe=f"fp8-{fmt}-{granularity}", layer="randn 256x256", direction="quantize",
+                     m=256, k=256).snr(q.dequantize(), x.double(), SNR_FLOOR[fmt])
 
 
 # ------------------------------------------------------------------ bad input

@@ -13,7 +13,6 @@ import torch
 
 import mxcheck
 from mxcheck.hadamard import Hadamard, apply_hadamard
-from mxcheck.metrics import snr_db
 from mxcheck.scaling.nvfp4 import nvfp4_quantize
 
 pytestmark = pytest.mark.emulated
@@ -283,15 +282,15 @@ SNR_FLOORS = {"1x16": 18.5, "16x16": 17.0, "1x16+h16_te": 18.5}
 
 
 @pytest.mark.parametrize("mode", list(SNR_FLOORS))
-def test_snr_against_float64_input_is_above_the_measured_floor(mode, gen):
+def test_snr_against_float64_input_is_above_the_measured_floor(mode, gen, numerics):
     x = torch.randn(256, 256, generator=gen)
     hadamard = "h16_te" if "h16_te" in mode else None
     q = nvfp4_quantize(x, block_2d=mode.startswith("16x16"), hadamard=hadamard)
     ref = x.double()
     if hadamard:
         ref = apply_hadamard(ref, Hadamard(16, norm=0.25, signs=TE_SIGNS))  # float64, unrounded
-    snr = snr_db(q.dequantize(), ref)
-    assert snr > SNR_FLOORS[mode], f"SNR {snr:.2f} dB < {SNR_FLOORS[mode]} dB: nvfp4 {mode} 256x256 randn"
+    numerics.context(recipe=f"nvfp4-{mode}", layer="randn 256x256", direction="quantize",
+                     m=256, k=256).snr(q.dequantize(), ref, SNR_FLOORS[mode])
 
 
 def test_2d_scales_are_constant_per_tile_and_equal_the_max_of_the_1d_scales(gen):

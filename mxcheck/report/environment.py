@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 import mxcheck
+from mxcheck import hardware
 
 __all__ = ["OPTIONAL_PACKAGES", "collect_environment", "device_info", "package_versions"]
 
@@ -61,18 +62,12 @@ def package_versions(names: Iterable[str] = OPTIONAL_PACKAGES) -> dict[str, str 
 
 def device_info() -> dict[str, Any]:
     """Accelerator name, architecture ("sm90", "gfx950" or "cpu") and runtime version."""
-    if not torch.cuda.is_available():
-        return {"device": "cpu", "arch": "cpu", "device_count": 0, "runtime": None}
-    props = torch.cuda.get_device_properties(0)
-    if torch.version.hip:
-        # gcnArchName carries target features ("gfx950:sramecc+:xnack-"); the arch is the head.
-        arch = str(getattr(props, "gcnArchName", "gfx?")).split(":")[0]
-        runtime = f"hip {torch.version.hip}"
-    else:
-        arch = f"sm{props.major}{props.minor}"
-        runtime = f"cuda {torch.version.cuda}"
-    return {"device": props.name, "arch": arch, "device_count": torch.cuda.device_count(),
-            "runtime": runtime}
+    hw = hardware.detect()
+    info: dict[str, Any] = {"device": hw.name, "arch": hw.arch, "device_count": hw.device_count,
+                            "runtime": hw.runtime}
+    if hw.faked:
+        info["faked"] = True
+    return info
 
 
 def _git(args: list[str], cwd: str | os.PathLike[str] | None) -> str | None:

@@ -1,0 +1,102 @@
+"""Backends: the things under test, found by name, entry point or ``pkg.module:factory``.
+
+A backend is any object with the attributes of :class:`Backend`; the registry maps names
+to zero-argument factories so that importing mxcheck imports no vendor package (a
+factory runs only when a test asks for its backend).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from importlib import metadata
+from typing import Any, Protocol, runtime_checkable
+
+from mxcheck.backends.emulated import EmulatedBackend
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "Backend",
+    "BackendLoadError",
+    "available_backends",
+    "get",
+    "register",
+    "registered",
+]
+
+ENTRY_POINT_GROUP = "mxcheck.backends"
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What the harness needs of a backend; quantize/gemm/linear are optional per backend."""
+
+    name: str
+
+    def available(self) -> tuple[bool, str]: ...  # (usable here?, reason if not)
+
+    def supports(self, recipe: Any) -> tuple[bool, str]: ...
+
+
+class BackendLoadError(ValueError):
+    """A backend name or spec that does not resolve to a backend."""
+
+
+_FACTORIES: dict[str, Callable[[], Backend]] = {"emulated": EmulatedBackend}
+
+
+def register(name: str, factory: Callable[[], Backend]) -> None:
+    """Make ``get(name)`` call ``factory()``; a later registration replaces an earlier one."""
+    _FACTORIES[name] = factory
+
+
+def _entry_points() -> dict[str, metadata.EntryPoint]:
+    return {ep.name: ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def registered() -> list[str]:
+    """Names ``get`` accepts without a module path: built-ins and installed entry points."""
+    return sorted(set(_FACTORIES) | set(_entry_points()))
+
+
+def _load_spec(spec: str) -> Callable[[], Backend]:
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise BackendLoadError(f"backend {spec!r}: expected a registered name {registered()} "
+                               "or 'pkg.module:factory'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise BackendLoadError(f"backend {spec!r}: cannot import {module_name!r} ({e})") from e
+    factory = getattr(module, attr, None)
+    if factory is None:
+        raise BackendLoadError(f"backend {spec!r}: module {module_name!r} has no attribute {attr!r}")
+    return factory
+
+
+def get(spec: str) -> Backend:
+    """A backend instance from a registered name, an entry point name or 'pkg.module:factory'."""
+    if spec in _FACTORIES:
+        factory = _FACTORIES[spec]
+    elif spec in (eps := _entry_points()):
+        factory = eps[spec].load()
+    else:
+        factory = _load_spec(spec)
+    if not callable(factory):
+        raise BackendLoadError(f"backend {spec!r}: {factory!r} is not callable; expected a factory")
+    backend = factory()
+    if not isinstance(backend, Backend):
+        raise BackendLoadError(f"backend {spec!r}: {type(backend).__name__} lacks the Backend "
+                               "protocol (name, available(), supports(recipe))")
+    return backend
+
+
+def available_backends() -> dict[str, tuple[bool, str]]:
+    """name -> (usable here?, why not) for every registered backend."""
+    out = {}
+    for name in registered():
+        try:
+            out[name] = get(name).available()
+        except Exception as e:  # a broken third-party backend must not hide the others
+            out[name] = (False, f"failed to load: {type(e).__name__}: {e}")
+    return out

@@ -1,0 +1,261 @@
+"""The mxcheck pytest plugin (entry point ``pytest11``): markers, hardware skips, backends,
+the ``numerics`` fixture, and one merged SNR report per run.
+
+The hooks wire; the :class:`Collector` owns records, skips, the report and the baseline.
+Records travel on each test report's ``user_properties``, so pytest-xdist carries them
+from the workers to the controller, which alone writes the report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+from mxcheck import backends as backend_registry
+from mxcheck import hardware
+from mxcheck.cli import add_max_drop_option
+from mxcheck.report import Record, Report, collect_environment, compare, format_comparison
+
+__all__ = ["COLLECTOR", "RECORD_KEY", "Collector", "add_options"]
+
+COLLECTOR = pytest.StashKey["Collector"]()
+RECORD_KEY = "mxcheck_record"
+
+
+# ------------------------------------------------------------------ options
+
+
+def parse_seed(value: str) -> int:
+    try:
+        return int(value, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer seed, got {value!r}") from None
+
+
+def parse_repeats(value: str) -> int:
+    try:
+        v = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of runs >= 2, got {value!r}") from None
+    if v < 2:
+        raise argparse.ArgumentTypeError(f"needs at least 2 runs to compare, got {value!r}")
+    return v
+
+
+def add_options(addoption: Callable[..., Any], prefix: str = "--mxcheck-") -> None:
+    """Add the mxcheck options through ``addoption`` (pytest's, or an argparse one)."""
+    addoption(f"{prefix}backend", action="append", default=[], metavar="NAME|pkg.mod:factory",
+              help="backend under test, repeatable: a registered name, an entry point of group "
+                   "'mxcheck.backends' or 'pkg.module:factory'. Default: emulated")
+    addoption(f"{prefix}report", default=None, metavar="PATH",
+              help="write the merged JSON report of every numeric check here. Default: %(default)r")
+    addoption(f"{prefix}baseline", default=None, metavar="PATH",
+              help="compare with this earlier report; an SNR drop beyond --mxcheck-max-drop-db, or "
+                   "a check that passed and now fails, fails the run. Default: %(default)r")
+    add_max_drop_option(addoption, prefix)
+    addoption(f"{prefix}seed", type=parse_seed, default=0, metavar="INT",
+              help="seed mixed into every test's generator (with the test id). Default: %(default)r")
+    addoption(f"{prefix}deterministic-only", type=parse_repeats, default=None, metavar="N",
+              help="run only tests that use the numerics fixture, each N times, and fail any "
+                   "whose recorded results differ between runs. Default: %(default)r")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    add_options(parser.getgroup("mxcheck", "mxcheck numerics checks").addoption)
+
+
+# ------------------------------------------------------------------ configure
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name, text in hardware.MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {text}")
+    worker = getattr(config, "workerinput", {}).get("workerid")
+    if worker:  # before any test touches the GPU: one device per xdist worker
+        os.environ.update(hardware.pin_worker(worker, hardware.detect_without_init(), dict(os.environ)))
+    collector = config.stash[COLLECTOR] = Collector.from_config(config)
+    config.pluginmanager.register(collector, "mxcheck-collector")
+
+
+class Collector:
+    """Holds the run's backends, records and skips; writes and compares the report."""
+
+    def __init__(self, config: pytest.Config, backends: list[Any]) -> None:
+        self.config = config
+        self.backends = backends
+        self.records: list[Record] = []
+        self.skipped: list[dict[str, str]] = []
+        self.comparison_text: str | None = None
+
+    @classmethod
+    def from_config(cls, config: pytest.Config) -> Collector:
+        names = config.getoption("mxcheck_backend") or ["emulated"]
+        loaded = []
+        for name in names:
+            try:
+                loaded.append(backend_registry.get(name))
+            except backend_registry.BackendLoadError as e:
+                raise pytest.UsageError(f"--mxcheck-backend: {e}") from e
+        return cls(config, loaded)
+
+    @property
+    def is_worker(self) -> bool:
+        return hasattr(self.config, "workerinput")
+
+    # ---- selection and skips
+
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
+        if "backend" in metafunc.fixturenames:
+            metafunc.parametrize("backend", self.backends, ids=[b.name for b in self.backends])
+
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+        # Skips are marked at collection, so a skip's reported location is the test itself.
+        hw = hardware.detect()
+        for item in items:
+            reason = self._why_not_here(item, hw)
+            if reason:
+                item.add_marker(pytest.mark.skip(reason=reason))
+        runs = config.getoption("mxcheck_deterministic_only")
+        if not runs:
+            return
+        keep = [i for i in items if "numerics" in getattr(i, "fixturenames", ())]
+        drop = [i for i in items if i not in keep]
+        if drop:
+            config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+        for item in keep:
+            _repeat_and_compare(item, runs)
+
+    @staticmethod
+    def _why_not_here(item: pytest.Item, hw: hardware.Hardware) -> str | None:
+        for marker in item.iter_markers():
+            reason = hardware.missing(marker.name, hw)
+            if reason:
+                return reason
+        backend = getattr(item, "callspec", None) and item.callspec.params.get("backend")
+        if backend is not None:
+            ok, why = backend.available()
+            if not ok:
+                return f"backend {backend.name}: {why}"
+        return None
+
+    # ---- records
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when == "call":
+            self.records += [Record.from_json(v) for k, v in report.user_properties if k == RECORD_KEY]
+        if report.skipped and not hasattr(report, "wasxfail"):
+            self.skipped.append({"test_id": report.nodeid, "reason": _skip_reason(report)})
+
+    def report(self) -> Report:
+        seed = self.config.getoption("mxcheck_seed")
+        env = collect_environment(seed=seed, backends=[b.name for b in self.backends],
+                                  cwd=str(self.config.rootpath))
+        return Report(environment=env, records=self.records, skipped=self.skipped)
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if self.is_worker:
+            return
+        report = self.report()
+        path = self.config.getoption("mxcheck_report")
+        if path:
+            report.save(path)
+        baseline = self.config.getoption("mxcheck_baseline")
+        if baseline:
+            result = compare(Report.load(baseline), report, self.config.getoption("mxcheck_max_drop_db"))
+            self.comparison_text = format_comparison(result)
+            if not result.ok:
+                session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if self.is_worker or not (self.records or self.comparison_text):
+            return
+        failed = sum(not r.passed for r in self.records)
+        tr = terminalreporter
+        tr.section("mxcheck")
+        tr.write_line(f"{len(self.records)} numeric checks, {failed} failed, "
+                      f"{len(self.skipped)} tests skipped on this hardware")
+        if self.config.getoption("mxcheck_report"):
+            tr.write_line(f"report: {self.config.getoption('mxcheck_report')}")
+        if self.comparison_text:
+            tr.write_line(self.comparison_text)
+
+
+def _skip_reason(report: pytest.TestReport) -> str:
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+    return reason.removeprefix("Skipped: ")
+
+
+def _repeat_and_compare(item: pytest.Item, runs: int) -> None:
+    """Make item run ``runs`` times; its recorded results must be identical each time."""
+    original = item.runtest
+
+    def runtest() -> None:
+        seen = []
+        for i in range(runs):
+            start = len(item.user_properties)
+            original()
+            recs = [v for k, v in item.user_properties[start:] if k == RECORD_KEY]
+            seen.append([(r.get("kind"), r.get("layer"), r.get("direction"), r.get("snr_db"),
+                          r.get("extra", {}).get("digest")) for r in recs])
+            if i:
+                del item.user_properties[start:]  # the report keeps the first run's records
+        for i, got in enumerate(seen[1:], start=2):
+            if got != seen[0]:
+                from mxcheck.assertions import NumericsError  # noqa: PLC0415
+
+                first = next((a, b) for a, b in zip(seen[0], got, strict=False) if a != b) \
+                    if len(got) == len(seen[0]) else (f"{len(seen[0])} records", f"{len(got)} records")
+                raise NumericsError(f"not deterministic: run {i} of {runs}: {_describe(first[0])} differs: "
+                                    f"run 1 {first[0]!r}, run {i} {first[1]!r}")
+
+    item.runtest = runtest  # type: ignore[method-assign]
+
+
+def _describe(entry: Any) -> str:
+    if isinstance(entry, tuple):
+        kind, layer, direction = entry[:3]
+        return " ".join(str(p) for p in (kind, "check", layer, direction) if p)
+    return str(entry)
+
+
+# ------------------------------------------------------------------ fixtures
+
+
+@pytest.fixture
+def mxcheck_seed(request: pytest.FixtureRequest) -> int:
+    """The run's --mxcheck-seed."""
+    return request.config.getoption("mxcheck_seed")
+
+
+@pytest.fixture
+def mxcheck_generator(request: pytest.FixtureRequest, mxcheck_seed: int) -> torch.Generator:
+    """A CPU torch.Generator seeded from the run seed and the test id: independent per test,
+    identical between runs and between xdist workers."""
+    digest = hashlib.sha256(f"{mxcheck_seed}:{request.node.nodeid}".encode()).digest()
+    g = torch.Generator()
+    g.manual_seed(int.from_bytes(digest[:8], "little") & (2**63 - 1))
+    return g
+
+
+@pytest.fixture
+def numerics(request: pytest.FixtureRequest) -> Any:
+    """Assertions (an ``mxcheck.assertions.Numerics``) that record each comparison into
+    the run's report."""
+    from mxcheck.assertions import Numerics  # noqa: PLC0415  (keeps plugin import light)
+
+    node = request.node
+    backend = getattr(node, "callspec", None) and node.callspec.params.get("backend")
+
+    def record(r: Record) -> None:
+        node.user_properties.append((RECORD_KEY, r.to_json()))
+
+    return Numerics(record, node.nodeid, backend=backend.name if backend is not None else "emulated")
