@@ -321,7 +321,7 @@ def test_dequantize_is_value_times_scale_inv_and_beats_snr_floor(fmt, granularit
         rows = 1 if granularity == "block1x128" else 128
         s = s.repeat_interleave(rows, 0).repeat_interleave(128, 1)
     assert torch.equal(q.dequantize().view(torch.int32), (values * s).view(torch.int32))
-    numerics.context(recipe=f"fp8-{fmt}-{granularity}", layer="randn 256x256", direction="quantize",
+    numerics.context(recipe=f"fp8-{fmt}", layer=f"{granularity} randn 256x256", direction="quantize",
                      m=256, k=256).snr(q.dequantize(), x.double(), SNR_FLOOR[fmt])
 
 

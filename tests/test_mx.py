@@ -225,7 +225,7 @@ def test_snr_of_gaussian_data_clears_its_floor(fmt, floor_db, rule, gen, numeric
     # e2m3 30.9/28.8/31.0/31.0, e3m2 25.4/25.6/25.6/25.6, e4m3 30.7/31.5/31.2/31.5,
     # e5m2 25.4/25.6/25.6/25.6 dB. Each floor sits at least 1.8 dB under its lowest rule.
     x = torch.randn(256, 4096, generator=gen)
-    numerics.context(recipe=f"mx-{fmt}-{rule}", layer="randn 256x4096", direction="quantize",
+    numerics.context(recipe=f"mx-{fmt}", layer=f"{rule} randn 256x4096", direction="quantize",
                      m=256, k=4096).snr(mx_quantize(x, fmt, scale_rule=rule).dequantize(), x.double(), floor_db)
 
 

@@ -289,7 +289,7 @@ def test_snr_against_float64_input_is_above_the_measured_floor(mode, gen, numeri
     ref = x.double()
     if hadamard:
         ref = apply_hadamard(ref, Hadamard(16, norm=0.25, signs=TE_SIGNS))  # float64, unrounded
-    numerics.context(recipe=f"nvfp4-{mode}", layer="randn 256x256", direction="quantize",
+    numerics.context(recipe="nvfp4", layer=f"{mode} randn 256x256", direction="quantize",
                      m=256, k=256).snr(q.dequantize(), ref, SNR_FLOORS[mode])
 
 
