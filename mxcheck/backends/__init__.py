@@ -42,7 +42,13 @@ class BackendLoadError(ValueError):
     """A backend name or spec that does not resolve to a backend."""
 
 
-_FACTORIES: dict[str, Callable[[], Backend]] = {"emulated": EmulatedBackend}
+def _triton() -> Backend:
+    from mxcheck.backends.triton_mx import TritonMXBackend  # noqa: PLC0415
+
+    return TritonMXBackend()
+
+
+_FACTORIES: dict[str, Callable[[], Backend]] = {"emulated": EmulatedBackend, "triton": _triton}
 
 
 def register(name: str, factory: Callable[[], Backend]) -> None:

@@ -1,0 +1,162 @@
+"""Recipes as data: how each of the six operand copies of a linear's three GEMMs is quantized.
+
+A linear Y = X W^T + b runs three NT GEMMs (``a[M, K] @ b[N, K]^T``):
+
+====== ============== ============== ===========
+GEMM   a              b              contraction
+====== ============== ============== ===========
+fwd    x_row X[M,K]   w_row W[N,K]   K
+dgrad  g_row dY[M,N]  w_col W^T[K,N] N
+wgrad  g_col dY^T[N,M] x_col X^T[K,M] M
+====== ============== ============== ===========
+
+Every spec quantizes along its operand's contraction axis (the last axis of the NT operand).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from mxcheck.formats import get_format
+from mxcheck.hadamard import get_hadamard
+from mxcheck.scaling.fp8 import FP8_FORMATS, FP8_GRANULARITIES, SCALE_FORMULAS
+from mxcheck.scaling.mx import MX_ELEMENT_FORMATS
+from mxcheck.scaling.rules import SCALE_RULES
+
+__all__ = ["GEMMS", "OPERANDS", "RECIPES", "SCALINGS", "OperandSpec", "Recipe", "get_recipe"]
+
+OPERANDS = ("x_row", "w_row", "g_row", "w_col", "g_col", "x_col")
+# gemm -> (a operand, b operand, name of the contraction dim)
+GEMMS = {"fwd": ("x_row", "w_row", "K"), "dgrad": ("g_row", "w_col", "N"), "wgrad": ("g_col", "x_col", "M")}
+SCALINGS = ("mx", "nvfp4", "delayed", "none", *FP8_GRANULARITIES)
+
+
+@dataclass(frozen=True)
+class OperandSpec:
+    """How one operand copy is quantized (along its contraction axis).
+
+    ``scaling``: "mx" (E8M0 blocks), "nvfp4", an FP8 granularity ("tensor", "row",
+    "block1x128", "block128x128"), "delayed" (TE delayed scaling, tensorwise) or "none"
+    (kept in ``Recipe.out_dtype``, e.g. bf16).
+    """
+
+    fmt: str = "bf16"
+    scaling: str = "none"
+    block_size: int = 32
+    block_2d: bool = False
+    scale_rule: str = "floor"
+    rounding: str = "rne"
+    hadamard: str | None = None
+    zero_scale: int = 0
+    pad_to: int | None = None
+    scale_formula: str = "te"
+    margin: int = 0
+    power_of_2: bool = False
+
+    def __post_init__(self) -> None:
+        get_format(self.fmt)
+        if self.scaling not in SCALINGS:
+            raise ValueError(f"scaling={self.scaling!r}; expected one of {list(SCALINGS)}")
+        if self.scaling == "mx" and self.fmt not in MX_ELEMENT_FORMATS:
+            raise ValueError(f"scaling='mx' needs an MX element format, got fmt={self.fmt!r}")
+        if self.scaling in (*FP8_GRANULARITIES, "delayed") and self.fmt not in FP8_FORMATS:
+            raise ValueError(f"scaling={self.scaling!r} needs an FP8 format, got fmt={self.fmt!r}")
+        if self.scaling == "nvfp4" and (self.fmt, self.block_size) != ("e2m1", 16):
+            raise ValueError(f"scaling='nvfp4' is e2m1 in blocks of 16, got fmt={self.fmt!r} "
+                             f"block_size={self.block_size}")
+        if self.scale_rule not in SCALE_RULES:
+            raise ValueError(f"scale_rule={self.scale_rule!r}; expected one of {sorted(SCALE_RULES)}")
+        if self.scale_formula not in SCALE_FORMULAS:
+            raise ValueError(f"scale_formula={self.scale_formula!r}; expected one of {sorted(SCALE_FORMULAS)}")
+        get_hadamard(self.hadamard)
+
+    @property
+    def quantized(self) -> bool:
+        return self.scaling != "none"
+
+
+_BF16 = OperandSpec()
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Six operand specs plus what the linear does around its GEMMs."""
+
+    name: str
+    x_row: OperandSpec = _BF16
+    w_row: OperandSpec = _BF16
+    g_row: OperandSpec = _BF16
+    w_col: OperandSpec = _BF16
+    g_col: OperandSpec = _BF16
+    x_col: OperandSpec = _BF16
+    out_dtype: torch.dtype = torch.bfloat16
+    shape_multiple: int = 1  # every GEMM dim (M, N, K) must be a multiple (MXFP6: 256)
+    source: str = ""
+    notes: tuple[str, ...] = field(default=())
+
+    def spec(self, operand: str) -> OperandSpec:
+        if operand not in OPERANDS:
+            raise ValueError(f"operand={operand!r}; expected one of {list(OPERANDS)}")
+        return getattr(self, operand)
+
+    def with_gradient_sr(self) -> Recipe:
+        """The same recipe with stochastic rounding on both gradient copies (g_row, g_col)."""
+        return replace(self, name=f"{self.name}+sr", g_row=replace(self.g_row, rounding="sr"),
+                       g_col=replace(self.g_col, rounding="sr"))
+
+    def check_shape(self, m: int, n: int, k: int, layer: str = "linear") -> None:
+        """ValueError naming the layer and the dims a recipe cannot take."""
+        bad = [f"{d}={v}" for d, v in zip("MNK", (m, n, k), strict=True) if v % self.shape_multiple]
+        if bad:
+            raise ValueError(f"recipe {self.name} needs M, N, K multiples of {self.shape_multiple}; "
+                             f"layer {layer} has {', '.join(bad)} (M={m} N={n} K={k})")
+
+
+def _all(spec: OperandSpec, **kw) -> dict[str, OperandSpec]:
+    return dict.fromkeys(OPERANDS, spec) | kw
+
+
+_MXFP4 = OperandSpec("e2m1", "mx", scale_rule="even", pad_to=128)
+_MXFP4_W = replace(_MXFP4, block_2d=True)
+_MXFP4_WGRAD = replace(_MXFP4, hadamard="h16x2")
+_E5M2_T = OperandSpec("e5m2", "tensor", scale_formula="primus_turbo")
+_E4M3_T = OperandSpec("e4m3", "tensor", scale_formula="primus_turbo")
+_NVFP4 = OperandSpec("e2m1", "nvfp4", block_size=16)
+
+RECIPES: dict[str, Recipe] = {r.name: r for r in (
+    Recipe("mxfp4", x_row=_MXFP4, w_row=_MXFP4_W, g_row=_MXFP4, w_col=_MXFP4_W, g_col=_MXFP4_WGRAD,
+           x_col=_MXFP4_WGRAD,
+           source="Primus primus_turbo_mxfp4_local.py + Primus-Turbo gemm_fp4.py::FP4GemmMXFunction",
+           notes=("weights 2D 32x32 both ways; H16 (+) H16 / 4 on the wgrad pair, along M",
+                  "scale rule even (compute_tile_scale); K padded to 128")),
+    Recipe("mxfp4-fp8bwd", x_row=_MXFP4, w_row=_MXFP4_W, g_row=_E5M2_T, w_col=_E5M2_T, g_col=_E5M2_T,
+           x_col=_E5M2_T, source="Primus mxfp4_backward_precision=fp8",
+           notes=("backward re-quantizes the saved bf16 X, W and dY to e5m2 tensorwise",)),
+    Recipe("mxfp6", **_all(OperandSpec("e2m3", "mx", scale_rule="floor", rounding="half_away",
+                                       hadamard="h32", zero_scale=127)),
+           shape_multiple=256, source="AITER gemm_op_a6w6.py (mxfp6-gemms-clean) + Primus-Turbo FP6GemmMXFunction",
+           notes=("32-point Hadamard on every operand, norm bf16(1/sqrt(32)), inputs rounded to bf16",
+                  "zero block -> scale byte 127; bias inside the Function")),
+    Recipe("fp8", **_all(_E4M3_T), source="Primus-Turbo quantize_fp8_tensorwise: 448 / max(amax, 1e-12)"),
+    Recipe("fp8-hybrid", **_all(_E4M3_T, g_row=_E5M2_T, g_col=_E5M2_T),
+           source="e4m3 forward, e5m2 gradients (TE Format.HYBRID)"),
+    Recipe("fp8-delayed", **_all(OperandSpec("e4m3", "delayed"), g_row=OperandSpec("e5m2", "delayed"),
+                                 g_col=OperandSpec("e5m2", "delayed")),
+           source="TE DelayedScaling(fp8_format=HYBRID, amax_history_len=1024, amax_compute_algo='max')"),
+    Recipe("mxfp8", **_all(OperandSpec("e4m3", "mx", scale_rule="rceil")),
+           source="TE MXFP8BlockScaling: e4m3 1x32 blocks both directions, E8M0 round-up"),
+    Recipe("nvfp4", x_row=_NVFP4, w_row=replace(_NVFP4, block_2d=True), g_row=replace(_NVFP4, rounding="sr"),
+           w_col=replace(_NVFP4, block_2d=True), g_col=replace(_NVFP4, rounding="sr", hadamard="h16_te"),
+           x_col=replace(_NVFP4, hadamard="h16_te"),
+           source="TE NVFP4BlockScaling: 2D 16x16 weights, RHT on the wgrad pair, SR on gradients"),
+)}
+
+
+def get_recipe(recipe: str | Recipe) -> Recipe:
+    if isinstance(recipe, Recipe):
+        return recipe
+    if recipe not in RECIPES:
+        raise ValueError(f"recipe={recipe!r} is not known; expected one of {sorted(RECIPES)}")
+    return RECIPES[recipe]
