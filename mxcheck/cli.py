@@ -338,6 +338,42 @@ def run_compare(args: argparse.Namespace) -> int:
     return code
 
 
+# ---- divergence ---------------------------------------------------------------------
+
+
+def _divergence_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("a", nargs="?", metavar="A", help="a profile, e.g. primus_turbo.mxfp4")
+    p.add_argument("b", nargs="?", metavar="B", help="the profile to compare it with, e.g. ocp")
+    p.add_argument("--fmt", metavar="FMT", help="the element format where both profiles are "
+                   "families (ocp, torchao.floor, ...). Default: %(default)r")
+    p.add_argument("--seed", type=int, default=0, metavar="N",
+                   help="seed of the generated inputs. Default: %(default)r")
+    p.add_argument("--table", action="store_true", help="print how mxcheck reaches each case of "
+                   "reference_emulators.md section 8 instead. Default: %(default)r")
+    _add_json_flag(p)
+
+
+def run_divergence(args: argparse.Namespace) -> int:
+    from mxcheck import divergence  # noqa: PLC0415  (generates inputs only when asked)
+    from mxcheck.profiles import PROFILES  # noqa: PLC0415
+
+    if args.table:
+        _out(_json(divergence.table_json()) if args.json else divergence.table_text())
+        return 0
+    known = f"known profiles: {', '.join(PROFILES)}"
+    if args.a is None or args.b is None:
+        raise CommandError(f"give two profiles A B (or --table); {known}")
+    for name in (args.a, args.b):
+        if name not in PROFILES:
+            raise CommandError(f"unknown profile {name!r}; {known}")
+    try:
+        report = divergence.divergence(args.a, args.b, seed=args.seed, fmt=args.fmt)
+    except ValueError as e:  # two pinned formats, a family pair without --fmt, a bad --fmt
+        raise CommandError(str(e)) from None
+    _out(_json(report.to_json()) if args.json else report.to_text())
+    return 0
+
+
 # ---- the table of subcommands --------------------------------------------------------
 
 
@@ -356,6 +392,7 @@ COMMANDS: dict[str, Command] = {
                       _report_args, run_report),
     "compare": Command("compare two reports; exit 1 on a regression", _compare_args,
                        run_compare),
+    "divergence": Command("where two profiles give different bits", _divergence_args, run_divergence),
 }
 
 

@@ -48,7 +48,8 @@ def _pair_float64(test: torch.Tensor, ref: torch.Tensor) -> tuple[torch.Tensor, 
         raise ValueError(f"test is on {test.device} and ref on {ref.device}; move them to one device")
     if test.numel() == 0:
         raise ValueError(f"test and ref are empty (shape {tuple(test.shape)}): nothing to compare")
-    return test.to(torch.float64), ref.to(torch.float64)
+    # metrics measure values, not graphs: a tensor that requires grad is read detached
+    return test.detach().to(torch.float64), ref.detach().to(torch.float64)
 
 
 def _ratio(num: float, den: float) -> float:

@@ -26,7 +26,7 @@ ROOT = Path(__file__).parents[1]
 DATA = ROOT / "tests" / "test_report"
 SMALL = DATA / "small.json"
 BASELINE = DATA / "baseline.json"
-COMMAND_NAMES = ["info", "formats", "report", "compare"]
+COMMAND_NAMES = ["info", "formats", "report", "compare", "divergence"]
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

@@ -1,0 +1,303 @@
+"""Profiles: MX quantizers pinned to one implementation's exact bits, quirks included.
+
+A profile is ``mx_quantize`` (scale rule, rounding, zero-block byte, rotation) plus the
+few places where a real implementation gives other bits. Each quirk is a field holding
+data and one small function below that adjusts ``mx_quantize``'s scale bytes or re-encodes
+the blocks whose decode scale changed; none repeats ``mx_quantize``'s own logic.
+
+Quirk fields (defaults = OCP MX v1.0 as ``mx_quantize`` does it):
+
+- ``exponent_source``: ``"bits"`` reads amax's float32 exponent field; ``"log2_fp32"``
+  takes ``floor``/``ceil`` of a float32 ``torch.log2`` (one binade high at nextbelow(2^k)).
+- ``amax_floor``: ``log2`` of ``max(amax, amax_floor)`` (AITER's Triton packer: 1e-30).
+- ``inf_amax_byte``: the scale byte of a block whose amax is Inf (None: the rule's arithmetic).
+- ``nan_policy``: ``"block"`` NaN poisons the block (byte 255); ``"ignore"`` an ``fmaxf``
+  amax skips NaN, the NaN element alone gets a NaN code (0 where the format has none);
+  ``"zero_scale"`` a NaN amax fails ``amax > 0`` and the block takes ``zero_scale``.
+- ``rceil_reciprocal``: the rceil descale is ``amax * fl32(1 / max)`` (TE) instead of a
+  correctly rounded quotient. On every MX element format this changes no byte (pinned).
+- ``subnormal_scale_clamp``: the float32 decode scale a byte-0 block is divided by instead
+  of 2^-127 (torchao FLOOR: 2^-126; torchao RCEIL CPU: 1.0, which zeroes the block).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+
+import torch
+
+from mxcheck.formats import ROUNDINGS, FloatFormat, encode_bits_float, get_format
+from mxcheck.hadamard import apply_hadamard, get_hadamard
+from mxcheck.scaling.blocks import block_amax
+from mxcheck.scaling.mx import MX_ELEMENT_FORMATS, e8m0_reciprocal, mx_quantize
+from mxcheck.scaling.rules import E8M0_NAN, SCALE_RULES
+
+__all__ = ["EXPONENT_SOURCES", "NAN_POLICIES", "PROFILES", "QUIRK_FIELDS", "Profile", "get_profile"]
+
+EXPONENT_SOURCES = ("bits", "log2_fp32")
+NAN_POLICIES = ("block", "ignore", "zero_scale")
+
+
+@dataclass(frozen=True)
+class Profile:
+    """An MX quantizer pinned to one implementation (1D blocks along the last axis).
+
+    ``fmt=None`` makes a family (``ocp``, ``torchao.floor``): pass the element format
+    to ``quantize``. ``hadamard`` rotates before scaling, as ``mx_quantize`` does.
+    """
+
+    name: str
+    fmt: str | None = None
+    block_size: int = 32
+    scale_rule: str = "floor"
+    rounding: str = "rne"
+    zero_scale: int = 0
+    hadamard: str | None = None
+    exponent_source: str = "bits"
+    amax_floor: float | None = None
+    inf_amax_byte: int | None = None
+    nan_policy: str = "block"
+    rceil_reciprocal: bool = False
+    subnormal_scale_clamp: float | None = None
+    source: str = ""
+    notes: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        bad = _check_profile(self)
+        if bad:
+            raise ValueError(f"profile {self.name!r}: {bad}")
+
+    def __str__(self) -> str:
+        return self.name
+
+    def element_format(self, fmt: str | FloatFormat | None = None) -> FloatFormat:
+        """The element format: the profile's own, or ``fmt`` for a family."""
+        if fmt is None and self.fmt is None:
+            raise ValueError(f"profile {self.name!r} is a family: pass fmt, one of {list(MX_ELEMENT_FORMATS)}")
+        f = get_format(fmt if fmt is not None else self.fmt)
+        if self.fmt is not None and f.name != self.fmt:
+            raise ValueError(f"profile {self.name!r} is pinned to {self.fmt}, got fmt={f.name!r}")
+        if f.name not in MX_ELEMENT_FORMATS:
+            raise ValueError(f"fmt={f.name!r} is not an MX element format; expected one of {list(MX_ELEMENT_FORMATS)}")
+        return f
+
+    def quantize(self, x: torch.Tensor, fmt: str | FloatFormat | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(codes, scales) as the implementation makes them: uint8 element codes shaped
+        like x, and one biased E8M0 byte per block of the last axis."""
+        f = self.element_format(fmt)
+        xs = x if self.hadamard is None else apply_hadamard(x, get_hadamard(self.hadamard), axis=-1)
+        nan = torch.isnan(xs)
+        clean = xs if self.nan_policy == "block" else torch.where(nan, 0.0, xs).to(xs.dtype)
+        q = mx_quantize(clean, f, block_size=self.block_size, scale_rule=self.scale_rule,
+                        rounding=self.rounding, zero_scale=self.zero_scale)
+        amax = block_amax(clean, 1, self.block_size)
+        scales = q.scales
+        for applies, quirk in _SCALE_QUIRKS:
+            if applies(self):
+                scales = quirk(self, amax, f, scales, nan)
+        codes = _reencode(self, clean, f, q.codes, q.scales, scales)
+        if self.subnormal_scale_clamp is not None:
+            codes = _clamp_byte_zero_blocks(self, clean, f, codes, scales)
+        if self.nan_policy != "block":
+            codes = _nan_element_codes(xs, f, codes, scales, self.block_size)
+        return codes, scales
+
+
+def _check_profile(p: Profile) -> str:
+    """What is wrong with a profile's fields, or ""."""
+    if p.fmt is not None and p.fmt not in MX_ELEMENT_FORMATS:
+        return f"fmt={p.fmt!r}; expected None (a family) or one of {list(MX_ELEMENT_FORMATS)}"
+    if p.scale_rule not in SCALE_RULES:
+        return f"scale_rule={p.scale_rule!r}; expected one of {sorted(SCALE_RULES)}"
+    if p.rounding not in ROUNDINGS or p.rounding == "sr":
+        return (f"rounding={p.rounding!r}; expected one of {sorted(set(ROUNDINGS) - {'sr'})} (SR bits "
+                "come from each implementation's own RNG, which a profile does not model)")
+    if not 0 <= p.zero_scale <= 254:
+        return f"zero_scale={p.zero_scale!r}; expected an E8M0 byte in [0, 254]"
+    if p.exponent_source not in EXPONENT_SOURCES:
+        return f"exponent_source={p.exponent_source!r}; expected one of {list(EXPONENT_SOURCES)}"
+    if p.exponent_source == "log2_fp32" and p.scale_rule not in _LOG2_RULES:
+        return f"exponent_source='log2_fp32' takes scale_rule in {sorted(_LOG2_RULES)}, got {p.scale_rule!r}"
+    if p.amax_floor is not None and (p.exponent_source != "log2_fp32" or not p.amax_floor > 0):
+        return f"amax_floor={p.amax_floor!r} needs exponent_source='log2_fp32' and a value > 0"
+    if p.inf_amax_byte is not None and not 0 <= p.inf_amax_byte <= 255:
+        return f"inf_amax_byte={p.inf_amax_byte!r}; expected None or a byte in [0, 255]"
+    if p.nan_policy not in NAN_POLICIES:
+        return f"nan_policy={p.nan_policy!r}; expected one of {list(NAN_POLICIES)}"
+    if p.rceil_reciprocal and (p.scale_rule != "rceil" or p.exponent_source != "bits"):
+        return "rceil_reciprocal=True needs scale_rule='rceil' and exponent_source='bits'"
+    clamp = p.subnormal_scale_clamp
+    if clamp is not None and not (clamp > 0 and math.frexp(clamp)[0] == 0.5):
+        return f"subnormal_scale_clamp={clamp!r}; expected None or a positive power of two"
+    get_hadamard(p.hadamard)
+    return ""
+
+
+# ---- scale quirks: (profile, block amax, fmt, scales, NaN mask) -> scales ------------
+
+
+def _log2_floor(amax: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
+    return torch.floor(torch.log2(amax)) - fmt.emax
+
+
+def _log2_rceil(amax: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
+    # torchao 0.18 _to_mx_rceil CPU fallback: ceil(log2(max_abs / max_pos)), float32 throughout.
+    return torch.ceil(torch.log2(amax / fmt.max))
+
+
+_LOG2_RULES: dict[str, Callable[[torch.Tensor, FloatFormat], torch.Tensor]] = {
+    "floor": _log2_floor,
+    "rceil": _log2_rceil,
+}
+
+
+def _log2_exponent(p: Profile, amax, fmt, scales, nan):
+    # aiter gemm_op_a6w6.py _quant_pack_kernel / quant_mxfp6_torch, microxcaling
+    # mx_ops.py::_shared_exponents, torchao _to_mx_rceil: a float32 log2, whose result
+    # rounds to k for amax a few ulps below 2^k (aiter_mxfp6_scale_log2.md).
+    a = amax if p.amax_floor is None else torch.clamp(amax, min=p.amax_floor)
+    e = _LOG2_RULES[p.scale_rule](a, fmt).clamp(-127, 127) + 127
+    e = torch.where(amax == 0, p.zero_scale, e)
+    return torch.where(torch.isnan(amax), scales, e.to(torch.uint8))
+
+
+def _reciprocal_rceil(p: Profile, amax, fmt, scales, nan):
+    # TE quantize_mxfp8.cuh: float_to_e8m0(block_amax * max_norm_rcp), max_norm_rcp = fl32(1/max).
+    # d * max is exact in float64 (24 x <= 4 significant bits), so the rceil rule sees d itself.
+    descale = amax * torch.tensor(1.0 / fmt.max, dtype=torch.float32)
+    e = SCALE_RULES["rceil"](descale.to(torch.float64) * fmt.max, fmt).clamp(-127, 127) + 127
+    e = torch.where(amax == 0, p.zero_scale, e)
+    return torch.where(torch.isnan(amax), scales, e.to(torch.uint8))
+
+
+def _inf_amax(p: Profile, amax, fmt, scales, nan):
+    # e.g. Primus-Turbo compute_tile_scale: (0x7F800000 + 0x200000) >> 23 & 0x1FF -> 126 -> 253;
+    # AITER HIP exponent == 0xFF ? 127 -> 254; microxcaling log2(inf) > 127 -> NaN (255).
+    return torch.where(torch.isinf(amax), p.inf_amax_byte, scales).to(torch.uint8)
+
+
+def _nan_as_zero_block(p: Profile, amax, fmt, scales, nan):
+    # AITER quant_mxfp6_torch: where(amax > 0, scale_exp, 0) and NaN > 0 is False.
+    has_nan = nan.unflatten(-1, (-1, p.block_size)).any(-1)
+    return torch.where(has_nan, p.zero_scale, scales).to(torch.uint8)
+
+
+_SCALE_QUIRKS = (
+    (lambda p: p.exponent_source == "log2_fp32", _log2_exponent),
+    (lambda p: p.rceil_reciprocal, _reciprocal_rceil),
+    (lambda p: p.inf_amax_byte is not None, _inf_amax),
+    (lambda p: p.nan_policy == "zero_scale", _nan_as_zero_block),
+)
+
+
+# ---- element quirks ---------------------------------------------------------------
+
+
+def _encode(p: Profile, x: torch.Tensor, fmt: FloatFormat, multiplier: torch.Tensor) -> torch.Tensor:
+    """Codes of x * multiplier (one float32 per block), as mx_quantize encodes its elements."""
+    codes = encode_bits_float(x.unflatten(-1, (-1, p.block_size)), fmt, p.rounding,
+                              scale=multiplier.unsqueeze(-1), nan_codes=False)
+    return codes.flatten(-2)
+
+
+def _per_element(mask: torch.Tensor, block_size: int) -> torch.Tensor:
+    return mask.repeat_interleave(block_size, dim=-1)
+
+
+def _reencode(p: Profile, x, fmt, codes, old_scales, scales) -> torch.Tensor:
+    """Blocks whose byte a quirk changed get their elements again at the new scale; a NaN
+    byte stores the format's NaN code (0 where there is none), as mx_quantize does."""
+    changed = scales != old_scales
+    if not bool(changed.any()):
+        return codes
+    new = _encode(p, x, fmt, e8m0_reciprocal(scales))
+    new = torch.where(_per_element(scales == E8M0_NAN, p.block_size),
+                      fmt.nan_code if fmt.nan_code is not None else 0, new).to(torch.uint8)
+    return torch.where(_per_element(changed, p.block_size), new, codes)
+
+
+def _clamp_byte_zero_blocks(p: Profile, x, fmt, codes, scales) -> torch.Tensor:
+    # torchao to_mx: scale_fp32 = clamp(2^(b - 127), min=F32_MIN_NORMAL), data / scale_fp32;
+    # _to_mx_rceil: rcp = 1.0 where the byte is 0. Either way not 2^-127.
+    zero = scales == 0
+    if not bool(zero.any()):
+        return codes
+    multiplier = torch.full(scales.shape, 1.0 / p.subnormal_scale_clamp, dtype=torch.float32)
+    new = _encode(p, x, fmt, multiplier)
+    return torch.where(_per_element(zero, p.block_size), new, codes)
+
+
+def _nan_element_codes(x, fmt, codes, scales, block_size) -> torch.Tensor:
+    # TE cvt.rn.satfinite: NaN -> 0x7F | sign (e4m3); formats without NaN get 0 (HW undefined).
+    nan = torch.isnan(x) & ~_per_element(scales == E8M0_NAN, block_size)
+    if not bool(nan.any()):
+        return codes
+    return torch.where(nan, encode_bits_float(x, fmt), codes)
+
+
+# ---- the profiles -------------------------------------------------------------------
+
+_TORCHAO = "pytorch/ao 0.18.0 torchao/prototype/mx_formats/mx_tensor.py::to_mx"
+_AITER_HIP = "ROCm/aiter csrc/kernels/quant_mxfp6_gemm.cu::quant_mxfp6_group @1a57ff4d"
+_AITER_TRITON = "ROCm/aiter aiter/ops/gemm_op_a6w6.py::_quant_pack_kernel, quant_mxfp6_torch @08481f1b"
+_MXFP6_NOTES = ("rotation h32 along the last axis; the HIP butterflies, the Triton bf16 dot and mxcheck "
+                "sum in different orders, so bit-exactness needs the same order (aiter_mxfp6_scale_log2.md)",
+                "rounding half_away as the Triton/torch packers; the gfx950 cvt_scalef32_2xpk16_fp6_f32 "
+                "rounding is not verified (AITER's parity test allows one code step at midpoints)")
+
+PROFILES: dict[str, Profile] = {p.name: p for p in (
+    Profile("ocp", source="OCP MX v1.0 floor rule (as quoted by torchao and microxcaling); mx_quantize defaults",
+            notes=("a family: choose the element format per use",)),
+    Profile("primus_turbo.mxfp4", "e2m1", scale_rule="even", inf_amax_byte=253, nan_policy="ignore",
+            source="AMD-AGI/Primus-Turbo csrc/kernels/quantization/quantization_mxfp4.cu::compute_tile_scale @a6a16cdc",
+            notes=("Inf amax: (0x7F800000 + 0x200000) >> 23 & 0x1FF = 0xFF -> 126 -> byte 253, never 255",
+                   "fmaxf amax reductions drop NaN (primus_stack.md 1.2, code reading)",
+                   "byte 0 acts as 2^-127 in v_cvt_scalef32_pk_fp4_f32 (inferred)")),
+    Profile("aiter.mxfp6", "e2m3", rounding="half_away", zero_scale=127, hadamard="h32",
+            inf_amax_byte=254, nan_policy="ignore", source=_AITER_HIP,
+            notes=("scale from exponent bits: exponent == 0 ? -127 : exponent == 0xFF ? 127 : exponent - 129",
+                   "amax == 0 -> scale 0 (byte 127); fmaxf amax ignores NaN", *_MXFP6_NOTES)),
+    Profile("aiter.mxfp6.triton", "e2m3", rounding="half_away", zero_scale=127, hadamard="h32",
+            exponent_source="log2_fp32", amax_floor=1e-30, inf_amax_byte=254, nan_policy="zero_scale",
+            source=_AITER_TRITON,
+            notes=("floor(log2(max(amax, 1e-30))) - 2 in float32: one binade high at nextbelow(2^k), "
+                   "byte 25 for 0 < amax < 1e-30",
+                   "where(amax > 0, se, 0): a NaN amax gives byte 127 (torch path; Triton's tl.max "
+                   "NaN handling not verified)", *_MXFP6_NOTES)),
+    Profile("torchao.floor", subnormal_scale_clamp=2.0**-126, source=_TORCHAO,
+            notes=("scale_fp32 = clamp(2^(b-127), min=F32_MIN_NORMAL): byte-0 blocks are divided by 2^-126",
+                   "NaN blocks: byte 255, element bits left as the cast made them (mxcheck stores its own)")),
+    Profile("torchao.rceil", scale_rule="rceil", exponent_source="log2_fp32", subnormal_scale_clamp=1.0,
+            source=f"{_TORCHAO} -> _to_mx_rceil (CPU fallback)",
+            notes=("ceil(log2(max_abs / max_pos)) in float32: one binade low at nextabove(max * 2^k)",
+                   "rcp_fp32 = 1.0 where the byte is 0: those blocks' elements are not scaled",
+                   "Inf -> 254 (isinf branch)")),
+    Profile("torchao.mxfp8", "e4m3", subnormal_scale_clamp=2.0**-126, source=_TORCHAO,
+            notes=("to_mx defaults: e4m3, ScaleCalculationMode.FLOOR",)),
+    Profile("torchao.mxfp4", "e2m1", subnormal_scale_clamp=2.0**-126, source=_TORCHAO),
+    Profile("te.mxfp8", "e4m3", scale_rule="rceil", rceil_reciprocal=True, inf_amax_byte=254,
+            nan_policy="ignore",
+            source="NVIDIA/TransformerEngine transformer_engine/common/cast/mxfp8/quantize_mxfp8.cuh, "
+                   "util/ptx_arch_spec.cuh::float_to_e8m0 @d0067d0",
+            notes=("cvt.rp.satfinite.ue8m0x2.f32: Inf -> 0xFE; fmaxf amax ignores NaN; NaN element -> 0x7F",
+                   "exp2f_rcp(0) = 2^127: byte-0 blocks are exact")),
+    Profile("microxcaling", exponent_source="log2_fp32", rounding="half_away", inf_amax_byte=255,
+            source="microsoft/microxcaling mx/mx_ops.py::_quantize_mx, _shared_exponents @7bc4195",
+            notes=("Python path (the project's golden reference), round='nearest' (half away)",
+                   "floor(log2(amax)) in float32; log2(inf) > 127 -> NaN: an Inf block is all NaN",
+                   "not modelled: its float32 floor(|x| + 0.5) below-tie double rounding (section 8 case 2)")),
+)}
+
+
+def get_profile(profile: str | Profile) -> Profile:
+    """A profile by name (or the profile itself); ValueError listing the known names."""
+    if isinstance(profile, Profile):
+        return profile
+    if profile not in PROFILES:
+        raise ValueError(f"profile {profile!r} is not known; known profiles: {', '.join(PROFILES)}")
+    return PROFILES[profile]
+
+
+QUIRK_FIELDS = tuple(f.name for f in fields(Profile) if f.name not in ("name", "source", "notes"))
