@@ -106,3 +106,21 @@ def available_backends() -> dict[str, tuple[bool, str]]:
         except Exception as e:  # a broken third-party backend must not hide the others
             out[name] = (False, f"failed to load: {type(e).__name__}: {e}")
     return out
+
+
+# Vendor adapters: the factory imports its module on first use, so importing mxcheck (or
+# listing backends) never imports aiter or primus_turbo; their available() imports those.
+def _aiter_factory() -> Backend:
+    from mxcheck.backends.aiter import AiterBackend  # noqa: PLC0415
+
+    return AiterBackend()
+
+
+def _primus_turbo_factory() -> Backend:
+    from mxcheck.backends.primus_turbo import PrimusTurboBackend  # noqa: PLC0415
+
+    return PrimusTurboBackend()
+
+
+register("aiter", _aiter_factory)
+register("primus_turbo", _primus_turbo_factory)
