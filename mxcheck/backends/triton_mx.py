@@ -92,6 +92,7 @@ class TritonMXBackend:
     """GEMMs through Triton's ``tl.dot_scaled`` on an NVIDIA GPU (sm90 or newer)."""
 
     name = "triton"
+    device = "cuda"
 
     def available(self) -> tuple[bool, str]:
         try:
