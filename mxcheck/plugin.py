@@ -199,8 +199,13 @@ def _repeat_and_compare(item: pytest.Item, runs: int) -> None:
     original = item.runtest
 
     def runtest() -> None:
+        # Every run starts from the same generator states, so only the code under test varies.
+        funcargs = getattr(item, "funcargs", {})
+        gens = {k: v.get_state() for k, v in funcargs.items() if isinstance(v, torch.Generator)}
         seen = []
         for i in range(runs):
+            for k, state in gens.items():
+                funcargs[k].set_state(state)
             start = len(item.user_properties)
             original()
             recs = [v for k, v in item.user_properties[start:] if k == RECORD_KEY]

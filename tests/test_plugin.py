@@ -218,3 +218,14 @@ def test_fake_hardware_spec_is_validated(monkeypatch):
     monkeypatch.setenv(hardware.FAKE_HARDWARE_ENV, "h200")
     with pytest.raises(ValueError, match="MXCHECK_FAKE_HARDWARE='h200'; expected cpu, smNN or gfxNNN"):
         hardware.detect()
+
+
+def test_deterministic_only_restores_the_generator_before_each_run(pytester, cpu_only):
+    pytester.makepyfile("""
+import torch
+
+def test_uses_generator(numerics, mxcheck_generator):
+    x = torch.randn(64, generator=mxcheck_generator, dtype=torch.float64)
+    numerics.snr(x * 1.001, x, 20.0)
+""")
+    pytester.runpytest("--mxcheck-deterministic-only", "3").assert_outcomes(passed=1)

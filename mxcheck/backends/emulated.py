@@ -4,16 +4,35 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 __all__ = ["EmulatedBackend"]
 
 
 class EmulatedBackend:
-    """Pure-PyTorch emulation; usable everywhere. GEMM and linear arrive with the recipes."""
+    """Pure-PyTorch emulation: mxcheck's quantizers, GEMM and reference Function."""
 
     name = "emulated"
+    device = "cpu"
 
     def available(self) -> tuple[bool, str]:
         return True, ""
 
     def supports(self, recipe: Any) -> tuple[bool, str]:
         return True, ""
+
+    def quantize(self, x: torch.Tensor, spec: Any) -> Any:
+        from mxcheck.gemm import quantize_operand  # noqa: PLC0415  (backends sit above gemm's users)
+
+        return quantize_operand(x, spec)
+
+    def gemm(self, a: Any, b: Any, *, out_dtype: torch.dtype = torch.bfloat16,
+             bias: torch.Tensor | None = None) -> torch.Tensor:
+        from mxcheck.gemm import emulated_gemm  # noqa: PLC0415
+
+        return emulated_gemm(a, b, out_dtype=out_dtype, bias=bias)
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, recipe: Any) -> torch.Tensor:
+        from mxcheck.functions import quant_linear  # noqa: PLC0415
+
+        return quant_linear(x, weight, bias, recipe)

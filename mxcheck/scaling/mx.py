@@ -21,12 +21,11 @@ from mxcheck.scaling.blocks import (
     check_axis,
     check_tiles,
     pad_last,
-    per_element,
     per_row,
 )
 from mxcheck.scaling.rules import E8M0_NAN, check_scale_rule, scale_bytes
 
-__all__ = ["MX_ELEMENT_FORMATS", "MXTensor", "e8m0_reciprocal", "mx_quantize"]
+__all__ = ["MX_ELEMENT_FORMATS", "MXTensor", "e8m0_reciprocal", "e8m0_value", "mx_quantize"]
 
 MX_ELEMENT_FORMATS = ("e2m1", "e2m3", "e3m2", "e4m3", "e5m2", "e4m3fnuz", "e5m2fnuz")
 # The scale rules are defined on float32 bits; float64 amax would first round to float32.
@@ -58,10 +57,11 @@ class MXTensor:
     def dequantize(self, *, padded: bool = False) -> torch.Tensor:
         """float32 values (exact: element * 2**(scale - 127)); NaN where the scale is 255."""
         codes = self.codes.movedim(self.axis, -1)
-        scales = per_element(self.scales.movedim(self.axis, -1), self.block_size).to(torch.int32)
-        values = decode_table(self.fmt, codes.device)[codes.to(torch.int64)]
-        out = torch.ldexp(values, (scales - 127).to(torch.float64))
-        out = torch.where(scales == E8M0_NAN, torch.nan, out).to(torch.float32)
+        scales = self.scales.movedim(self.axis, -1)
+        values = decode_table(self.fmt, codes.device).to(torch.float32)[codes.to(torch.int64)]
+        # element * 2**(s - 127) in float32 is exact: every product is a float32 (subnormal
+        # ones included: elements carry <= 4 significant bits), or overflows to Inf either way.
+        out = (values.unflatten(-1, (-1, self.block_size)) * e8m0_value(scales).unsqueeze(-1)).flatten(-2)
         if not padded:
             out = out[..., : self.shape[self.axis]]
         return out.movedim(-1, self.axis)
@@ -143,6 +143,13 @@ def mx_quantize(
         hadamard=rot,
         zero_scale=zero_scale,
     )
+
+
+def e8m0_value(scales: torch.Tensor) -> torch.Tensor:
+    """float32 2**(byte - 127) from bits: byte 0 is the subnormal 2**-127, 255 is NaN."""
+    b = scales.to(torch.int32)
+    special = torch.where(b == 0, 1 << 22, 0x7FC00000).to(torch.int32)
+    return torch.where((b > 0) & (b < 255), b << 23, special).view(torch.float32)
 
 
 def e8m0_reciprocal(scales: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,236 @@
+"""The reference quantized linear: one autograd Function for every recipe.
+
+``Y = X W^T + b`` runs the three NT GEMMs of ``mxcheck.recipes`` on emulated quantized
+operands (``mxcheck.gemm``):
+
+- fwd   ``Y[M,N]  = q(x_row: X[M,K])    . q(w_row: W[N,K])``     + b inside, in recipe.out_dtype
+- dgrad ``dX[M,K] = q(g_row: dY[M,N])   . q(w_col: W^T[K,N])``
+- wgrad ``dW[N,K] = q(g_col: dY^T[N,M]) . q(x_col: X^T[K,M])``
+- bgrad ``db[N]   = sum_M dY``, summed in float32 (a column sum of the unquantized dY)
+
+The Function saves the unquantized X and W (in the caller's dtype, bf16 in training) and
+quantizes the column copies in backward: every recipe then re-quantizes from the same
+bf16 tensors, which is what a backward in another precision (mxfp4-fp8bwd) requires.
+
+Stochastic rounding draws uint8 bits from ``generator`` in a fixed order (forward x_row,
+w_row; backward g_row, w_col, g_col, x_col; only for operands that round with "sr" and
+GEMMs that run), so a seed fixes the result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from mxcheck.gemm import QTensor, emulated_gemm, quantize_operand
+from mxcheck.recipes import OPERANDS, Recipe, get_recipe
+from mxcheck.scaling import DelayedScaling
+from mxcheck.scaling.fp8 import FP8_GRANULARITIES
+
+__all__ = [
+    "QuantLinearFunction",
+    "make_delayed_states",
+    "quant_linear",
+    "reset_main_grad_step",
+]
+
+_INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_BACKWARD_OPERANDS = ("g_row", "w_col", "g_col", "x_col")
+# Scalings that make a GEMM an FP8 (tensor/row/block/delayed scaled) GEMM.
+_FP8_SCALINGS = (*FP8_GRANULARITIES, "delayed")
+
+States = Mapping[str, DelayedScaling]
+
+
+def make_delayed_states(recipe: str | Recipe, *, amax_history_len: int = 1024,
+                        amax_compute_algo: str = "max") -> dict[str, DelayedScaling]:
+    """A fresh ``DelayedScaling`` for each operand the recipe scales with "delayed".
+
+    Keep the dict across steps (it holds the amax histories) and pass it as ``states``.
+    """
+    recipe = get_recipe(recipe)
+    return {op: DelayedScaling(recipe.spec(op).fmt, amax_history_len, amax_compute_algo,
+                               margin=recipe.spec(op).margin)
+            for op in OPERANDS if recipe.spec(op).scaling == "delayed"}
+
+
+class OperandQuantizer:
+    """Quantizes operand copies of one layer as its recipe says, with SR bits and states."""
+
+    def __init__(self, recipe: Recipe, layer: str, generator: torch.Generator | None,
+                 states: States | None) -> None:
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"layer {layer}: generator must be a torch.Generator or None, "
+                            f"got {type(generator).__name__}")
+        if states is not None and not isinstance(states, Mapping):
+            raise TypeError(f"layer {layer}: states must map operand -> DelayedScaling, "
+                            f"got {type(states).__name__}")
+        self.recipe, self.layer, self.generator = recipe, layer, generator
+        self.states = dict(states or {})
+
+    def __call__(self, operand: str, t: torch.Tensor) -> QTensor:
+        spec = self.recipe.spec(operand)
+        state = None
+        if spec.scaling == "delayed":
+            state = self.states.get(operand)
+            if state is None:
+                raise ValueError(f"layer {self.layer}: recipe {self.recipe.name} scales {operand} with "
+                                 f"delayed scaling; pass states (make_delayed_states(recipe)) holding "
+                                 f"{operand!r}, kept across steps")
+        # Random bits are drawn where the generator lives (a CPU generator serves a CUDA
+        # tensor too), then moved: the same seed gives the same bits on any device.
+        rand = None
+        if spec.rounding == "sr":
+            device = self.generator.device if self.generator is not None else t.device
+            rand = torch.randint(0, 256, tuple(t.shape), dtype=torch.uint8, generator=self.generator,
+                                 device=device).to(t.device)
+        return quantize_operand(t.contiguous(), spec, rand=rand, state=state)
+
+
+# The three GEMMs and the bias gradient, shared with the fused MLP so the two agree bit for bit.
+
+def linear_fwd(q: OperandQuantizer, x2d: torch.Tensor, w: torch.Tensor,
+               bias: torch.Tensor | None) -> torch.Tensor:
+    return emulated_gemm(q("x_row", x2d), q("w_row", w), out_dtype=q.recipe.out_dtype, bias=bias)
+
+
+def linear_dgrad(q: OperandQuantizer, g2d: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return emulated_gemm(q("g_row", g2d), q("w_col", w.t()), out_dtype=q.recipe.out_dtype)
+
+
+def linear_wgrad(q: OperandQuantizer, g2d: torch.Tensor, x2d: torch.Tensor,
+                 out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    return emulated_gemm(q("g_col", g2d.t()), q("x_col", x2d.t()),
+                         out_dtype=out_dtype or q.recipe.out_dtype)
+
+
+def bias_grad(g2d: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Column sum of dY in float32, then one cast (a bf16 running sum would lose bits)."""
+    return g2d.to(torch.float32).sum(0).to(dtype)
+
+
+def check_linear_args(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                      layer: str) -> tuple[int, int, int]:
+    """(M, N, K) of a linear, or an error naming the layer and the shapes."""
+    for name, t in (("x", x), ("weight", weight), ("bias", bias)):
+        if t is None and name == "bias":
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"layer {layer}: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype not in _INPUT_DTYPES:
+            raise TypeError(f"layer {layer}: {name}.dtype={t.dtype}; expected one of "
+                            f"{[str(d) for d in _INPUT_DTYPES]}")
+        if t.device != x.device:
+            raise ValueError(f"layer {layer}: {name} is on {t.device}, x on {x.device}")
+    if weight.ndim != 2:
+        raise ValueError(f"layer {layer}: weight must be [N, K], got shape {tuple(weight.shape)}")
+    n, k = weight.shape
+    if x.ndim < 2 or x.shape[-1] != k:
+        raise ValueError(f"layer {layer}: x must be [..., K] with K={k} (weight {tuple(weight.shape)}), "
+                         f"got shape {tuple(x.shape)}")
+    if bias is not None and tuple(bias.shape) != (n,):
+        raise ValueError(f"layer {layer}: bias must be [N]=({n},), got shape {tuple(bias.shape)}")
+    return x.numel() // k, n, k
+
+
+def is_fp8_backward(recipe: Recipe) -> bool:
+    """True when a backward operand is FP8 with tensor/row/block/delayed scaling."""
+    return any(recipe.spec(op).scaling in _FP8_SCALINGS for op in _BACKWARD_OPERANDS)
+
+
+def _check_main_grad(weight: torch.Tensor, recipe: Recipe, layer: str) -> None:
+    main_grad = getattr(weight, "main_grad", None)
+    if not isinstance(main_grad, torch.Tensor):
+        raise ValueError(f"layer {layer}: fuse_wgrad_into_main_grad needs weight.main_grad, a bf16 tensor "
+                         f"of shape {tuple(weight.shape)}; weight has none")
+    if main_grad.dtype != torch.bfloat16:
+        raise ValueError(f"layer {layer}: weight.main_grad.dtype={main_grad.dtype}; the fused wgrad stores "
+                         "bf16 (a store, not an fp32 accumulation): use a bf16 main_grad or the unfused path")
+    if main_grad.shape != weight.shape or main_grad.device != weight.device:
+        raise ValueError(f"layer {layer}: weight.main_grad is {tuple(main_grad.shape)} on {main_grad.device}; "
+                         f"expected {tuple(weight.shape)} on {weight.device}")
+    if is_fp8_backward(recipe):
+        raise ValueError(f"layer {layer}: recipe {recipe.name} has an FP8 backward; the fused wgrad store into "
+                         "bf16 main_grad is for MX/bf16 backward GEMMs only")
+
+
+def _store_main_grad(weight: torch.Tensor, wgrad: torch.Tensor, layer: str) -> None:
+    # The GEMM writes main_grad with beta=0 (no accumulate epilogue): a second microbatch
+    # would overwrite the first instead of adding to it (Primus PR#1046 lost 31 of 32).
+    if getattr(weight, "grad_added_to_main_grad", False):
+        raise RuntimeError(f"layer {layer}: wgrad was already stored into main_grad this step; the fused "
+                           "store supports one microbatch per step (a second would overwrite the first). "
+                           "Call reset_main_grad_step(weight) after the optimizer step, or use the unfused path")
+    weight.main_grad.copy_(wgrad)
+    weight.grad_added_to_main_grad = True
+
+
+def reset_main_grad_step(weight: torch.Tensor) -> None:
+    """Start a new step: the next backward may store into ``weight.main_grad`` again."""
+    weight.grad_added_to_main_grad = False
+
+
+class QuantLinearFunction(torch.autograd.Function):
+    """``apply(x, weight, bias, recipe, layer, generator, states, fuse_wgrad_into_main_grad)``."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                recipe: str | Recipe, layer: str = "linear", generator: torch.Generator | None = None,
+                states: States | None = None, fuse_wgrad_into_main_grad: bool = False) -> torch.Tensor:
+        recipe = get_recipe(recipe)
+        m, n, k = check_linear_args(x, weight, bias, layer)
+        recipe.check_shape(m, n, k, layer)
+        if fuse_wgrad_into_main_grad:
+            _check_main_grad(weight, recipe, layer)
+        q = OperandQuantizer(recipe, layer, generator, states)
+        x2d = x.reshape(m, k)
+        y = linear_fwd(q, x2d, weight, bias)
+        ctx.save_for_backward(x2d, weight)
+        ctx.q, ctx.x_shape, ctx.x_dtype = q, x.shape, x.dtype
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        # The parameter object itself: main_grad and the step flag live on it.
+        ctx.fused_weight = weight if fuse_wgrad_into_main_grad else None
+        return y.reshape(*x.shape[:-1], n)
+
+    @staticmethod
+    def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        x2d, weight = ctx.saved_tensors
+        q: OperandQuantizer = ctx.q
+        g2d = dy.reshape(-1, weight.shape[0])
+        need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
+        dx = dw = db = None
+        if need_dx:
+            dx = linear_dgrad(q, g2d, weight).to(ctx.x_dtype).reshape(ctx.x_shape)
+        if need_dw and ctx.fused_weight is not None:
+            _store_main_grad(ctx.fused_weight, linear_wgrad(q, g2d, x2d, torch.bfloat16), q.layer)
+        elif need_dw:
+            dw = linear_wgrad(q, g2d, x2d).to(weight.dtype)
+        if need_db:
+            db = bias_grad(g2d, ctx.bias_dtype)
+        return dx, dw, db, None, None, None, None, None
+
+
+def quant_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    recipe: str | Recipe,
+    *,
+    layer: str = "linear",
+    generator: torch.Generator | None = None,
+    states: States | None = None,
+    fuse_wgrad_into_main_grad: bool = False,
+) -> torch.Tensor:
+    """``x[..., K] @ weight[N, K]^T + bias[N]`` through the recipe's quantized GEMMs.
+
+    ``layer`` names the linear in errors (e.g. ``double_blocks.0.img_mlp.0``).
+    ``generator`` supplies stochastic-rounding bits (None: torch's default generator).
+    ``states``: operand -> DelayedScaling for "delayed" recipes (``make_delayed_states``).
+    ``fuse_wgrad_into_main_grad``: store (not add) the wgrad into the bf16
+    ``weight.main_grad``, set ``weight.grad_added_to_main_grad`` and return no weight grad;
+    one microbatch per step (``reset_main_grad_step`` starts the next step).
+    """
+    return QuantLinearFunction.apply(x, weight, bias, get_recipe(recipe), layer, generator, states,
+                                     fuse_wgrad_into_main_grad)

@@ -1,0 +1,303 @@
+"""Emulated quantized GEMM in the NT convention: ``a[M, K] @ b[N, K]^T`` from quantized operands.
+
+An operand is quantized along its last dim, the contraction dim (see ``mxcheck.recipes``).
+The GEMM dequantizes both operands exactly to float32 and multiplies:
+
+- ``accumulate=torch.float64``: the products and sums in float64, the reference.
+- ``accumulate=torch.float32``: float32 accumulation. On CUDA, when both dequantized
+  operands are exactly representable in bf16 (MX fp4/fp6/fp8 elements times E8M0 scales
+  are, unless a scale leaves bf16's range: ``mx_fits_bf16`` reads that from the scale
+  bytes; other operands are compared value by value), the fast path casts them to bf16 and runs a
+  bf16 matmul with fp32 accumulation: the same product a hardware MX GEMM computes, and
+  what a benchmark times against a plain bf16 matmul. Otherwise a float32 matmul.
+
+Either way ``bias`` is added in the accumulation dtype (float32 for the float32 path) and
+the result is cast once to ``out_dtype``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from mxcheck.formats import FloatFormat, get_format
+from mxcheck.recipes import OperandSpec
+from mxcheck.scaling import (
+    DelayedScaling,
+    FP8Tensor,
+    MXTensor,
+    NVFP4Tensor,
+    fp8_quantize,
+    mx_quantize,
+    nvfp4_quantize,
+)
+from mxcheck.scaling.fp8 import FP8_GRANULARITIES
+from mxcheck.scaling.rules import E8M0_NAN
+
+__all__ = [
+    "ACCUMULATE_DTYPES",
+    "PlainTensor",
+    "QTensor",
+    "dequantize_operand",
+    "emulated_gemm",
+    "mx_fits_bf16",
+    "quantize_operand",
+]
+
+ACCUMULATE_DTYPES = (torch.float32, torch.float64)
+# "none" keeps an operand in a plain torch float dtype (rounded once, RNE).
+_PLAIN_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+_BF16_MIN_EXP = -133  # bf16's smallest subnormal is 2**-133
+_BF16_MAX = torch.finfo(torch.bfloat16).max
+
+
+@dataclass(frozen=True, eq=False)
+class PlainTensor:
+    """An operand kept in a plain float dtype (scaling "none"): ``value`` rounded to it."""
+
+    value: torch.Tensor
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.value.shape)
+
+    def dequantize(self) -> torch.Tensor:
+        return self.value.to(torch.float32)
+
+
+QTensor = MXTensor | NVFP4Tensor | FP8Tensor | PlainTensor
+_QTYPES = (MXTensor, NVFP4Tensor, FP8Tensor, PlainTensor)
+
+
+def quantize_operand(
+    x: torch.Tensor,
+    spec: OperandSpec,
+    *,
+    rand: torch.Tensor | None = None,
+    state: DelayedScaling | None = None,
+) -> QTensor:
+    """Quantize a 2D operand along its last dim (its contraction dim) as ``spec`` says.
+
+    ``rand``: uint8 random bits shaped like x, required when ``spec.rounding == "sr"``
+    and refused otherwise. ``state``: the operand's ``DelayedScaling``, required for
+    ``spec.scaling == "delayed"`` (it carries the amax history across steps, so it cannot
+    be made here).
+    """
+    if not isinstance(spec, OperandSpec):
+        raise TypeError(f"spec must be an OperandSpec, got {type(spec).__name__}")
+    if not isinstance(x, torch.Tensor) or x.ndim != 2:
+        shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"x must be a 2D operand [rows, contraction], got {shape}")
+    if spec.rounding == "sr" and rand is None:
+        raise ValueError(f"spec {_describe(spec)} rounds stochastically: pass rand, uint8 random bits "
+                         f"of shape {tuple(x.shape)}")
+    if spec.rounding != "sr" and rand is not None:
+        raise ValueError(f"rand was given but spec {_describe(spec)} rounds with {spec.rounding!r}, not 'sr'")
+    if spec.scaling != "delayed" and state is not None:
+        raise ValueError(f"state was given but spec {_describe(spec)} is not delayed scaling")
+    if spec.scaling not in ("mx", "nvfp4", "none") and spec.hadamard is not None:
+        raise ValueError(f"spec {_describe(spec)}: FP8 scaling takes no Hadamard rotation here")
+    if spec.scaling == "mx":
+        return mx_quantize(x, spec.fmt, block_size=spec.block_size, axis=-1, scale_rule=spec.scale_rule,
+                           rounding=spec.rounding, block_2d=spec.block_2d, hadamard=spec.hadamard,
+                           zero_scale=spec.zero_scale, pad_to=spec.pad_to, rand=rand)
+    if spec.scaling == "nvfp4":
+        _only_roundings(spec, ("rne", "sr"))
+        return nvfp4_quantize(x, block_2d=spec.block_2d, hadamard=spec.hadamard, rand=rand)
+    if spec.scaling in FP8_GRANULARITIES:
+        _only_roundings(spec, ("rne",))
+        return fp8_quantize(x, spec.fmt, granularity=spec.scaling, scale_formula=spec.scale_formula,
+                            margin=spec.margin, power_of_2=spec.power_of_2)
+    if spec.scaling == "delayed":
+        _only_roundings(spec, ("rne",))
+        if not isinstance(state, DelayedScaling):
+            raise ValueError(f"spec {_describe(spec)} is delayed scaling: pass state=DelayedScaling"
+                             f"({spec.fmt!r}, ...), kept across steps; got {type(state).__name__}")
+        if state.fmt.name != spec.fmt:
+            raise ValueError(f"state is a DelayedScaling for {state.fmt.name}, spec {_describe(spec)} "
+                             f"wants {spec.fmt}")
+        return state.quantize(x)
+    # scaling == "none"
+    _only_roundings(spec, ("rne",))
+    dtype = _PLAIN_DTYPES.get(get_format(spec.fmt).name)
+    if dtype is None:
+        raise ValueError(f"spec {_describe(spec)}: scaling 'none' keeps one of {sorted(_PLAIN_DTYPES)}, "
+                         f"not {spec.fmt!r}")
+    return PlainTensor(x.to(dtype))
+
+
+def _describe(spec: OperandSpec) -> str:
+    return f"(fmt={spec.fmt}, scaling={spec.scaling}, rounding={spec.rounding})"
+
+
+def _only_roundings(spec: OperandSpec, allowed: tuple[str, ...]) -> None:
+    if spec.rounding not in allowed:
+        raise ValueError(f"spec {_describe(spec)}: scaling {spec.scaling!r} supports rounding "
+                         f"{list(allowed)}, not {spec.rounding!r}")
+
+
+def _logical_shape(q: QTensor) -> tuple[int, ...]:
+    if isinstance(q, (MXTensor, PlainTensor)):
+        return tuple(q.shape)
+    return tuple(q.codes.shape)
+
+
+def dequantize_operand(q: QTensor, *, padded: bool = True) -> torch.Tensor:
+    """The float32 operand a GEMM consumes (exact: every value is element * scale).
+
+    MX operands keep their zero padding along K by default: with a Hadamard the rotated
+    blocks spread the real entries over the padded tail, so stripping it would drop part
+    of the rotated operand. ``padded=False`` strips it (meaningful without a rotation).
+    """
+    if isinstance(q, MXTensor):
+        if q.axis != len(q.shape) - 1:
+            raise ValueError(f"an NT GEMM operand is blocked along its last (contraction) axis; "
+                             f"this MXTensor of shape {q.shape} is blocked along axis {q.axis}")
+        return q.dequantize(padded=padded)
+    if isinstance(q, _QTYPES):
+        return q.dequantize()
+    raise TypeError(f"expected a quantized operand ({', '.join(t.__name__ for t in _QTYPES)}), got "
+                    f"{type(q).__name__}; quantize a tensor with quantize_operand(x, spec)")
+
+
+def _rotation(q: QTensor) -> object:
+    return q.hadamard if isinstance(q, (MXTensor, NVFP4Tensor)) else None
+
+
+def _operands(a: QTensor, b: QTensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both operands dequantized to float32 with one K (zero-extended where padded apart)."""
+    for name, q in (("a", a), ("b", b)):
+        if not isinstance(q, _QTYPES):
+            raise TypeError(f"{name} must be a quantized operand ({', '.join(t.__name__ for t in _QTYPES)}), "
+                            f"got {type(q).__name__}; quantize it with quantize_operand(x, spec)")
+        if len(_logical_shape(q)) != 2:
+            raise ValueError(f"{name} must be 2D, got shape {_logical_shape(q)}")
+    sa, sb = _logical_shape(a), _logical_shape(b)
+    if sa[1] != sb[1]:
+        raise ValueError(f"K differs: a has shape {sa} (M, K) and b has shape {sb} (N, K); "
+                         "an NT GEMM contracts the last dim of both")
+    # A rotation cancels only between two operands rotated alike: (A R)(B R)^T = A B^T.
+    if _rotation(a) != _rotation(b):
+        raise ValueError(f"a and b are rotated differently ({_rotation(a)} vs {_rotation(b)}); "
+                         "the Hadamard cancels only when both contraction axes carry the same one")
+    da, db = dequantize_operand(a), dequantize_operand(b)
+    if da.device != db.device:
+        raise ValueError(f"a is on {da.device} and b on {db.device}; put both on one device")
+    # Zero padding (rotated or not: a rotated all-zero block is zero) extends K exactly.
+    k = max(da.shape[1], db.shape[1])
+    da, db = (d if d.shape[1] == k else torch.nn.functional.pad(d, (0, k - d.shape[1])) for d in (da, db))
+    return da, db
+
+
+def _check_bias(bias: torch.Tensor | None, n: int, device: torch.device) -> None:
+    if bias is None:
+        return
+    if not isinstance(bias, torch.Tensor) or not bias.dtype.is_floating_point:
+        what = bias.dtype if isinstance(bias, torch.Tensor) else type(bias).__name__
+        raise TypeError(f"bias must be a floating-point tensor, got {what}")
+    if tuple(bias.shape) != (n,):
+        raise ValueError(f"bias has shape {tuple(bias.shape)}; expected ({n},), one value per output column N")
+    if bias.device != device:
+        raise ValueError(f"bias is on {bias.device} and the operands on {device}")
+
+
+@contextlib.contextmanager
+def _strict_cuda_matmul() -> Iterator[None]:
+    """Float32 accumulation as claimed: no TF32 inputs and no bf16 reduced-precision (split-K
+    in bf16) reductions, whatever the process set. Restored afterwards."""
+    m = torch.backends.cuda.matmul
+    saved = m.allow_tf32, m.allow_bf16_reduced_precision_reduction
+    m.allow_tf32, m.allow_bf16_reduced_precision_reduction = False, False
+    try:
+        yield
+    finally:
+        m.allow_tf32, m.allow_bf16_reduced_precision_reduction = saved
+
+
+def mx_fits_bf16(q: MXTensor) -> bool:
+    """Whether every value of q is a bf16, read from the scale bytes (1/32 of the data).
+
+    An element is an integer multiple of 2**(1 - bias - mbits) with at most mbits + 1
+    significant bits; times 2**(s - 127) it is a bf16 while that lowest bit is at or
+    above 2**-133 (bf16's smallest subnormal) and fmt.max * 2**(s - 127) is at most
+    bf16's max. A block whose byte is too small passes only if all its codes are zero:
+    all-zero blocks get byte 0 (``zero_scale``), and mxfp8 tensors have them routinely.
+    NaN blocks (byte 255) are NaN in bf16 too.
+    """
+    fmt = q.fmt
+    if fmt.mbits > 7:
+        return False
+    s = q.scales.to(torch.int32)
+    low, high = _bf16_byte_range(fmt)
+    if bool(((s > high) & (s != E8M0_NAN)).any()):
+        return False
+    small = s < low
+    if not bool(small.any()):
+        return True
+    codes = q.codes.unflatten(-1, (-1, q.block_size))  # scales are per block of the last axis
+    return not bool((codes[small] & fmt.magnitude_mask).any())
+
+
+@functools.cache
+def _bf16_byte_range(fmt: FloatFormat) -> tuple[int, int]:
+    """The E8M0 bytes [low, high] at which every element of fmt times the scale is a bf16."""
+    low = _BF16_MIN_EXP - (1 - fmt.bias - fmt.mbits) + 127
+    high = max(b for b in range(255) if math.ldexp(fmt.max, b - 127) <= _BF16_MAX)
+    return low, high
+
+
+def _as_bf16_exactly(q: QTensor, d: torch.Tensor) -> torch.Tensor | None:
+    """d (q dequantized) in bf16 if every value survives the cast, else None."""
+    d16 = d.to(torch.bfloat16)
+    if isinstance(q, MXTensor) and mx_fits_bf16(q):
+        return d16
+    # The general test: compare every value (NaN does not compare equal: no fast path).
+    return d16 if torch.equal(d16.to(torch.float32), d) else None
+
+
+def _bf16_matmul(a16: torch.Tensor, b16: torch.Tensor, want_bf16: bool) -> torch.Tensor:
+    """bf16 x bf16 with fp32 accumulation; the fp32 sum when ``want_bf16`` is False."""
+    if want_bf16:
+        return a16 @ b16.T  # cuBLAS rounds the fp32 accumulator to bf16 once
+    try:
+        return torch.mm(a16, b16.T, out_dtype=torch.float32)
+    except (TypeError, RuntimeError, NotImplementedError):  # torch without mm(out_dtype=)
+        return a16.float() @ b16.float().T
+
+
+def emulated_gemm(
+    a: QTensor,
+    b: QTensor,
+    *,
+    out_dtype: torch.dtype = torch.bfloat16,
+    accumulate: torch.dtype = torch.float32,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``a[M, K] @ b[N, K]^T (+ bias[N])`` from quantized operands, cast to ``out_dtype``."""
+    if accumulate not in ACCUMULATE_DTYPES:
+        raise ValueError(f"accumulate={accumulate}; expected one of {[str(d) for d in ACCUMULATE_DTYPES]}")
+    if not isinstance(out_dtype, torch.dtype) or not out_dtype.is_floating_point:
+        raise TypeError(f"out_dtype={out_dtype!r}; expected a floating-point torch.dtype")
+    da, db = _operands(a, b)
+    _check_bias(bias, db.shape[0], da.device)
+    if accumulate == torch.float64:
+        y = da.double() @ db.double().T
+        return (y if bias is None else y + bias.double()).to(out_dtype)
+    if da.is_cuda:
+        a16, b16 = _as_bf16_exactly(a, da), _as_bf16_exactly(b, db)
+        with _strict_cuda_matmul():
+            if a16 is not None and b16 is not None:
+                fast_bf16 = out_dtype == torch.bfloat16 and bias is None
+                y = _bf16_matmul(a16, b16, fast_bf16)
+                if fast_bf16:
+                    return y
+            else:
+                y = da @ db.T
+    else:
+        y = da @ db.T
+    return (y if bias is None else y + bias.float()).to(out_dtype)

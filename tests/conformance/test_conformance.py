@@ -1,0 +1,23 @@
+"""The conformance suite, parametrized over the selected backends (--mxcheck-backend)."""
+
+from __future__ import annotations
+
+import pytest
+
+from mxcheck.conformance import CHECKS, LINEAR_SNR_FLOORS
+from mxcheck.recipes import RECIPES
+
+pytestmark = pytest.mark.emulated
+
+RECIPE_NAMES = sorted(LINEAR_SNR_FLOORS)
+
+
+@pytest.mark.parametrize("recipe", RECIPE_NAMES)
+@pytest.mark.parametrize("check", sorted(CHECKS))
+def test_backend_conforms(backend, check, recipe, gen):
+    ok, why = backend.supports(RECIPES[recipe])
+    if not ok:
+        pytest.skip(f"backend {backend.name} does not support {recipe}: {why}")
+    skipped = CHECKS[check](backend, RECIPES[recipe], gen)
+    if skipped:
+        pytest.skip(f"{check}: {skipped}")

@@ -1,0 +1,164 @@
+"""The emulated NT GEMM: float64 is the exact product of the dequantized operands, float32
+stays inside the float32 accumulation bound of it, bias lands before the one cast, and the
+operand checks name what is wrong."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mxcheck.formats import get_format
+from mxcheck.functions import make_delayed_states
+from mxcheck.gemm import (
+    PlainTensor,
+    dequantize_operand,
+    emulated_gemm,
+    mx_fits_bf16,
+    quantize_operand,
+)
+from mxcheck.recipes import GEMMS, RECIPES, OperandSpec
+from mxcheck.scaling import MXTensor, mx_quantize
+from mxcheck.scaling.mx import MX_ELEMENT_FORMATS
+
+pytestmark = pytest.mark.emulated
+
+# M is not a multiple of 128, so the mxfp4 wgrad pair (padded to 128 along M, then rotated
+# by H16 (+) H16) carries rotated values into its padding; every dim tiles the 2D weight
+# blocks (32), NVFP4's 16 and the 32-point Hadamard.
+M, N, K = 96, 64, 160
+U32 = 2.0**-24  # float32 unit roundoff
+U64 = 2.0**-53
+
+
+def gamma(n: int, u: float) -> float:
+    """Higham's gamma_n = n u / (1 - n u): |fl(a.b) - a.b| <= gamma_K sum |a_i||b_i|."""
+    return n * u / (1 - n * u)
+
+
+def gemm_operands(recipe_name: str, gemm: str, gen: torch.Generator):
+    """The two quantized operands of one of a recipe's GEMMs, from random X, W and dY."""
+    recipe = RECIPES[recipe_name]
+    x = torch.randn(M, K, generator=gen).bfloat16()
+    w = (torch.randn(N, K, generator=gen) * K**-0.5).bfloat16()
+    g = (torch.randn(M, N, generator=gen) * 1e-3).bfloat16()
+    tensors = {"x_row": x, "w_row": w, "g_row": g, "w_col": w.t(), "g_col": g.t(), "x_col": x.t()}
+    states = make_delayed_states(recipe)
+    a_name, b_name, _ = GEMMS[gemm]
+    out = []
+    for name in (a_name, b_name):
+        t = tensors[name].contiguous()
+        spec = recipe.spec(name)
+        rand = torch.randint(0, 256, t.shape, dtype=torch.uint8, generator=gen) if spec.rounding == "sr" else None
+        out.append(quantize_operand(t, spec, rand=rand, state=states.get(name)))
+    return out
+
+
+CASES = [(r, g) for r in RECIPES for g in GEMMS]
+IDS = [f"{r}-{g}" for r, g in CASES]
+
+
+@pytest.mark.parametrize(("recipe", "gemm"), CASES, ids=IDS)
+def test_float64_gemm_is_the_float64_product_of_the_dequantized_operands(recipe, gemm, gen, numerics):
+    a, b = gemm_operands(recipe, gemm, gen)
+    da, db = dequantize_operand(a).double(), dequantize_operand(b).double()
+    exact = da @ db.T
+    got = emulated_gemm(a, b, out_dtype=torch.float64, accumulate=torch.float64)
+    assert exact.abs().sum() > 0  # a non-trivial product (trap 1)
+    numerics.context(recipe=recipe, layer="gemm", direction=gemm, m=da.shape[0],
+                     n=db.shape[0], k=da.shape[1]).bitwise(got, exact)
+
+
+@pytest.mark.parametrize(("recipe", "gemm"), CASES, ids=IDS)
+def test_float32_gemm_is_within_the_float32_accumulation_bound(recipe, gemm, gen):
+    # Bound (Higham 3.1): |fl32(a.b) - a.b| <= gamma_K(2^-24) sum_k |a_k||b_k| per element,
+    # plus the float64 reference's own gamma_K(2^-53); K is the padded contraction length.
+    a, b = gemm_operands(recipe, gemm, gen)
+    da, db = dequantize_operand(a).double(), dequantize_operand(b).double()
+    k = da.shape[1]
+    ref = emulated_gemm(a, b, out_dtype=torch.float64, accumulate=torch.float64)
+    got = emulated_gemm(a, b, out_dtype=torch.float32, accumulate=torch.float32).double()
+    bound = (gamma(k, U32) + gamma(k, U64)) * (da.abs() @ db.abs().T)
+    excess = (got - ref).abs() - bound
+    assert bool((excess <= 0).all()), f"{int((excess > 0).sum())} elements exceed the bound, worst by {excess.max():.3g}"
+    assert not torch.equal(got, torch.zeros_like(got))
+
+
+@pytest.mark.parametrize("accumulate", [torch.float32, torch.float64], ids=str)
+def test_bias_is_added_in_the_accumulation_dtype_before_the_one_cast(accumulate, gen):
+    a, b = gemm_operands("mxfp6", "fwd", gen)
+    bias = torch.randn(N, generator=gen).bfloat16()
+    wide = emulated_gemm(a, b, out_dtype=accumulate, accumulate=accumulate)
+    got = emulated_gemm(a, b, out_dtype=torch.bfloat16, accumulate=accumulate, bias=bias)
+    assert torch.equal(got.view(torch.int16), (wide + bias.to(accumulate)).bfloat16().view(torch.int16))
+    # ...not a bf16 add after a bf16 cast (double rounding), which differs somewhere here
+    assert not torch.equal(got, wide.bfloat16() + bias)
+
+
+def test_k_mismatch_names_both_shapes(gen):
+    a = quantize_operand(torch.randn(8, 64, generator=gen), OperandSpec())
+    b = quantize_operand(torch.randn(4, 32, generator=gen), OperandSpec())
+    with pytest.raises(ValueError, match=r"K differs: a has shape \(8, 64\).*b has shape \(4, 32\)"):
+        emulated_gemm(a, b)
+
+
+def test_a_rotation_on_one_operand_only_is_refused(gen):
+    spec = RECIPES["mxfp4"].g_col
+    a = quantize_operand(torch.randn(8, 128, generator=gen), spec)
+    b = quantize_operand(torch.randn(4, 128, generator=gen), OperandSpec("e2m1", "mx", scale_rule="even"))
+    with pytest.raises(ValueError, match="rotated differently"):
+        emulated_gemm(a, b)
+
+
+def test_gemm_argument_checks(gen):
+    a = quantize_operand(torch.randn(8, 32, generator=gen), OperandSpec())
+    with pytest.raises(TypeError, match="quantize_operand"):
+        emulated_gemm(a, torch.randn(4, 32))
+    with pytest.raises(ValueError, match="accumulate"):
+        emulated_gemm(a, a, accumulate=torch.bfloat16)
+    with pytest.raises(TypeError, match="out_dtype"):
+        emulated_gemm(a, a, out_dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"bias has shape \(7,\); expected \(8,\)"):
+        emulated_gemm(a, a, bias=torch.zeros(7))
+
+
+def test_quantize_operand_dispatches_on_scaling_and_contracts_the_last_dim(gen):
+    x = torch.randn(64, 96, generator=gen)
+    plain = quantize_operand(x, OperandSpec())
+    assert isinstance(plain, PlainTensor) and plain.value.dtype == torch.bfloat16
+    assert torch.equal(plain.dequantize(), x.bfloat16().float())
+    mx = quantize_operand(x, RECIPES["mxfp8"].x_row)
+    assert isinstance(mx, MXTensor) and mx.axis == 1 and mx.scales.shape == (64, 3)
+
+
+def test_quantize_operand_needs_rand_for_sr_and_a_state_for_delayed(gen):
+    x = torch.randn(32, 64, generator=gen)
+    with pytest.raises(ValueError, match="rounds stochastically: pass rand"):
+        quantize_operand(x, RECIPES["nvfp4"].g_row)
+    with pytest.raises(ValueError, match="rand was given"):
+        quantize_operand(x, RECIPES["nvfp4"].x_row, rand=torch.zeros(32, 64, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="delayed scaling: pass state"):
+        quantize_operand(x, RECIPES["fp8-delayed"].x_row)
+    with pytest.raises(ValueError, match="2D operand"):
+        quantize_operand(x.reshape(2, 16, 64), OperandSpec())
+
+
+@pytest.mark.parametrize("fmt", MX_ELEMENT_FORMATS)
+def test_mx_fits_bf16_only_claims_what_a_bf16_cast_keeps(fmt, gen):
+    # mx_fits_bf16 picks the CUDA bf16 fast path from the scale bytes alone; whenever it
+    # says yes, every dequantized value must survive a bf16 round trip. Magnitudes sweep
+    # from float32's smallest normals to its largest, where the claim has to fall back.
+    said_yes = said_no = 0
+    for e in (-126, -120, -100, -20, 0, 20, 100, 120, 126):
+        x = torch.randn(32, 64, generator=gen) * 2.0**e
+        x[0] = 0.0  # an all-zero block gets scale byte 0: it must not veto the fast path
+        q = mx_quantize(x, fmt)
+        d = q.dequantize()
+        if mx_fits_bf16(q):
+            said_yes += 1
+            assert torch.equal(d.bfloat16().float(), d), e
+        else:
+            said_no += 1
+    # Ordinary data takes the fast path. fp4/fp6 elements times any E8M0 scale are bf16s;
+    # fp8 ones near float32's smallest normals fall below bf16's subnormals and must not.
+    assert said_yes >= 5
+    assert (said_no >= 1) if get_format(fmt).bits == 8 else (said_no == 0)
