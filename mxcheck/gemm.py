@@ -147,7 +147,7 @@ def _logical_shape(q: QTensor) -> tuple[int, ...]:
     return tuple(q.codes.shape)
 
 
-def dequantize_operand(q: QTensor, *, padded: bool = True) -> torch.Tensor:
+def dequantize_operand(q: QTensor, *, padded: bool = True, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The float32 operand a GEMM consumes (exact: every value is element * scale).
 
     MX operands keep their zero padding along K by default: with a Hadamard the rotated
@@ -158,9 +158,9 @@ def dequantize_operand(q: QTensor, *, padded: bool = True) -> torch.Tensor:
         if q.axis != len(q.shape) - 1:
             raise ValueError(f"an NT GEMM operand is blocked along its last (contraction) axis; "
                              f"this MXTensor of shape {q.shape} is blocked along axis {q.axis}")
-        return q.dequantize(padded=padded)
+        return q.dequantize(padded=padded, dtype=dtype)
     if isinstance(q, _QTYPES):
-        return q.dequantize()
+        return q.dequantize().to(dtype)
     raise TypeError(f"expected a quantized operand ({', '.join(t.__name__ for t in _QTYPES)}), got "
                     f"{type(q).__name__}; quantize a tensor with quantize_operand(x, spec)")
 
@@ -169,8 +169,9 @@ def _rotation(q: QTensor) -> object:
     return q.hadamard if isinstance(q, (MXTensor, NVFP4Tensor)) else None
 
 
-def _operands(a: QTensor, b: QTensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Both operands dequantized to float32 with one K (zero-extended where padded apart)."""
+def _operands(a: QTensor, b: QTensor, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both operands dequantized (float32, or bf16 for the fast path) with one K
+    (zero-extended where padded apart)."""
     for name, q in (("a", a), ("b", b)):
         if not isinstance(q, _QTYPES):
             raise TypeError(f"{name} must be a quantized operand ({', '.join(t.__name__ for t in _QTYPES)}), "
@@ -185,7 +186,7 @@ def _operands(a: QTensor, b: QTensor) -> tuple[torch.Tensor, torch.Tensor]:
     if _rotation(a) != _rotation(b):
         raise ValueError(f"a and b are rotated differently ({_rotation(a)} vs {_rotation(b)}); "
                          "the Hadamard cancels only when both contraction axes carry the same one")
-    da, db = dequantize_operand(a), dequantize_operand(b)
+    da, db = dequantize_operand(a, dtype=dtype), dequantize_operand(b, dtype=dtype)
     if da.device != db.device:
         raise ValueError(f"a is on {da.device} and b on {db.device}; put both on one device")
     # Zero padding (rotated or not: a rotated all-zero block is zero) extends K exactly.
@@ -283,8 +284,17 @@ def emulated_gemm(
         raise ValueError(f"accumulate={accumulate}; expected one of {[str(d) for d in ACCUMULATE_DTYPES]}")
     if not isinstance(out_dtype, torch.dtype) or not out_dtype.is_floating_point:
         raise TypeError(f"out_dtype={out_dtype!r}; expected a floating-point torch.dtype")
-    da, db = _operands(a, b)
+    # MX operands on CUDA whose values are all bf16 dequantize straight to bf16: the fast
+    # path (decided from the scale bytes, before any full-size pass).
+    direct_bf16 = (accumulate == torch.float32 and isinstance(a, MXTensor) and isinstance(b, MXTensor)
+                   and a.codes.is_cuda and mx_fits_bf16(a) and mx_fits_bf16(b))
+    da, db = _operands(a, b, torch.bfloat16 if direct_bf16 else torch.float32)
     _check_bias(bias, db.shape[0], da.device)
+    if direct_bf16:
+        fast_bf16 = out_dtype == torch.bfloat16 and bias is None
+        with _strict_cuda_matmul():
+            y = _bf16_matmul(da, db, fast_bf16)
+        return y if fast_bf16 else (y if bias is None else y + bias.float()).to(out_dtype)
     if accumulate == torch.float64:
         y = da.double() @ db.double().T
         return (y if bias is None else y + bias.double()).to(out_dtype)

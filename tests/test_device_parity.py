@@ -61,3 +61,16 @@ def test_block_amax_on_cuda_equals_cpu_with_nan_and_inf(rows, gen):
     assert cpu.shape == gpu.shape == (3, 64 // rows, 3)
     assert torch.equal(cpu.nan_to_num(nan=-1.0), gpu.nan_to_num(nan=-1.0))
     assert torch.isnan(gpu).sum().item() == 1 and torch.isinf(gpu).sum().item() == 1
+
+
+@pytest.mark.parametrize(("fmt", "rule"), [("e2m1", "even"), ("e4m3", "rceil"), ("e2m3", "floor")])
+def test_emulated_gemm_bf16_fast_path_within_fp32_bound_of_exact(fmt, rule, gen):
+    from mxcheck.gemm import emulated_gemm, mx_fits_bf16
+
+    x, w = torch.randn(256, 512, generator=gen), torch.randn(384, 512, generator=gen)
+    a, b = mxcheck.mx_quantize(x.cuda(), fmt, scale_rule=rule), mxcheck.mx_quantize(w.cuda(), fmt, scale_rule=rule)
+    assert mx_fits_bf16(a) and mx_fits_bf16(b)  # the premise: the fast path runs
+    got = emulated_gemm(a, b, out_dtype=torch.float32).double().cpu()
+    exact = emulated_gemm(a, b, out_dtype=torch.float64, accumulate=torch.float64).cpu()
+    da, db = a.dequantize().double().abs().cpu(), b.dequantize().double().abs().cpu()
+    assert ((got - exact).abs() <= 512 * 2.0**-24 * (da @ db.T)).all()

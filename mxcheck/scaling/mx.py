@@ -54,14 +54,18 @@ class MXTensor:
     hadamard: Hadamard | None = None
     zero_scale: int = 0
 
-    def dequantize(self, *, padded: bool = False) -> torch.Tensor:
-        """float32 values (exact: element * 2**(scale - 127)); NaN where the scale is 255."""
+    def dequantize(self, *, padded: bool = False, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Values (exact: element * 2**(scale - 127)); NaN where the scale is 255.
+
+        ``dtype=torch.bfloat16`` computes in bf16 directly (a GEMM's fast path); it is exact
+        only where every value is a bf16, which ``mxcheck.gemm.mx_fits_bf16`` checks."""
         codes = self.codes.movedim(self.axis, -1)
         scales = self.scales.movedim(self.axis, -1)
-        values = decode_table(self.fmt, codes.device).to(torch.float32)[codes.to(torch.int64)]
+        values = decode_table(self.fmt, codes.device).to(dtype)[codes.to(torch.int32)]
         # element * 2**(s - 127) in float32 is exact: every product is a float32 (subnormal
         # ones included: elements carry <= 4 significant bits), or overflows to Inf either way.
-        out = (values.unflatten(-1, (-1, self.block_size)) * e8m0_value(scales).unsqueeze(-1)).flatten(-2)
+        scale = e8m0_value(scales).to(dtype).unsqueeze(-1)
+        out = (values.unflatten(-1, (-1, self.block_size)) * scale).flatten(-2)
         if not padded:
             out = out[..., : self.shape[self.axis]]
         return out.movedim(-1, self.axis)
