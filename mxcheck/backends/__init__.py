@@ -124,3 +124,28 @@ def _primus_turbo_factory() -> Backend:
 
 register("aiter", _aiter_factory)
 register("primus_turbo", _primus_turbo_factory)
+
+
+# torch._scaled_mm, torchao and TransformerEngine: their modules import the vendor package
+# (torchao, transformer_engine) only inside available() and the calls that need it.
+def _torch_scaled_mm_factory() -> Backend:
+    from mxcheck.backends.torch_scaled_mm import TorchScaledMMBackend  # noqa: PLC0415
+
+    return TorchScaledMMBackend()
+
+
+def _torchao_factory() -> Backend:
+    from mxcheck.backends.torchao_backend import TorchaoBackend  # noqa: PLC0415
+
+    return TorchaoBackend()
+
+
+def _transformer_engine_factory() -> Backend:
+    from mxcheck.backends.transformer_engine import TransformerEngineBackend  # noqa: PLC0415
+
+    return TransformerEngineBackend()
+
+
+register("torch", _torch_scaled_mm_factory)
+register("torchao", _torchao_factory)
+register("transformer_engine", _transformer_engine_factory)

@@ -1,0 +1,285 @@
+"""torch._scaled_mm, torchao and TransformerEngine adapters: availability, supports(), torchao's
+real to_mx against mx_quantize, TE through a FAKE transformer_engine package, and (on CUDA)
+torch._scaled_mm against emulated_gemm."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from contextlib import contextmanager
+from enum import Enum
+from types import ModuleType
+from typing import Any
+
+import pytest
+import torch
+
+import mxcheck.backends
+from mxcheck.backends.torch_scaled_mm import TorchScaledMMBackend
+from mxcheck.backends.torchao_backend import TorchaoBackend
+from mxcheck.backends.transformer_engine import TransformerEngineBackend
+from mxcheck.conformance import check_quantize
+from mxcheck.functions import quant_linear
+from mxcheck.gemm import emulated_gemm
+from mxcheck.hardware import FAKE_HARDWARE_ENV
+from mxcheck.recipes import RECIPES, OperandSpec, Recipe
+from mxcheck.scaling.fp8 import fp8_quantize
+from mxcheck.scaling.mx import mx_quantize
+
+pytestmark = pytest.mark.emulated
+
+
+# ------------------------------------------------------------------ availability and supports
+
+
+def test_availability_names_what_is_missing(monkeypatch):
+    monkeypatch.setenv(FAKE_HARDWARE_ENV, "cpu")
+    ok, why = TorchScaledMMBackend().available()
+    assert not ok and "NVIDIA" in why and "(8, 9)" in why
+    monkeypatch.setenv(FAKE_HARDWARE_ENV, "sm80")
+    ok, why = TorchScaledMMBackend().available()
+    assert not ok and "found sm80" in why
+    monkeypatch.setenv(FAKE_HARDWARE_ENV, "gfx950")
+    assert not TorchScaledMMBackend().available()[0]
+    for arch in ("sm89", "sm90", "sm100"):
+        monkeypatch.setenv(FAKE_HARDWARE_ENV, arch)
+        assert TorchScaledMMBackend().available() == (True, ""), arch
+    monkeypatch.setitem(sys.modules, "transformer_engine", None)  # import fails
+    monkeypatch.setitem(sys.modules, "transformer_engine.pytorch", None)
+    ok, why = TransformerEngineBackend().available()
+    assert not ok and "transformer_engine.pytorch not importable" in why
+    monkeypatch.setenv(FAKE_HARDWARE_ENV, "cpu")
+    ok, why = TransformerEngineBackend().available()
+    assert "not importable" in why and "NVIDIA" in why
+    assert TorchaoBackend().available() == (True, "")
+
+
+def test_cpu_torch_is_unavailable_without_the_fake(monkeypatch):
+    monkeypatch.delenv(FAKE_HARDWARE_ENV, raising=False)
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    ok, why = TorchScaledMMBackend().available()
+    assert not ok and "sees no GPU" in why
+
+
+def test_torch_supports_fp8_tensor_and_row_only():
+    b = TorchScaledMMBackend()
+    assert b.supports("fp8") == (True, "") and b.supports("fp8-hybrid") == (True, "")
+    ok, why = b.supports("mxfp8")
+    assert not ok and "sm100" in why
+    assert "sm100" in b.supports("nvfp4")[1]
+    assert "delayed" in b.supports("fp8-delayed")[1]
+    row = OperandSpec("e4m3", "row")
+    assert b.supports(Recipe("row", x_row=row, w_row=row)) == (True, "")
+    row5 = OperandSpec("e5m2", "row")
+    ok, why = b.supports(Recipe("row5", x_row=row5, w_row=row))
+    assert not ok and "e4m3 x e4m3" in why
+    t5 = OperandSpec("e5m2", "tensor")
+    assert "e5m2 x e5m2" in b.supports(Recipe("t5", x_row=t5, w_row=t5))[1]
+    blk = OperandSpec("e4m3", "block1x128")
+    assert "block1x128" in b.supports(Recipe("blk", x_row=blk, w_row=blk))[1]
+
+
+def test_torchao_supports_1d_mx_with_its_rules():
+    b = TorchaoBackend()
+    assert b.supports("mxfp8") == (True, "")
+    assert "2D" in b.supports("mxfp4")[1]
+    assert "Hadamard" in b.supports("mxfp6")[1]
+    assert "scaling='tensor'" in b.supports("fp8")[1]
+    sr = RECIPES["mxfp8"].with_gradient_sr()
+    assert "rounding='sr'" in b.supports(sr)[1]
+
+
+@pytest.mark.parametrize(("kw", "word"), [({"block_2d": True}, "2D"), ({"hadamard": "h32"}, "Hadamard"),
+                                          ({"rounding": "sr"}, "nearest even"), ({"zero_scale": 127}, "zero_scale")])
+def test_torchao_quantize_refuses_what_to_mx_lacks(kw, word):
+    spec = OperandSpec("e4m3", "mx", **kw)
+    with pytest.raises(ValueError, match=word):
+        TorchaoBackend().quantize(torch.randn(4, 64), spec)
+
+
+# ------------------------------------------------------------------ torchao quantize (real torchao)
+
+
+@pytest.mark.parametrize("rule", ["floor", "ceil", "even", "rceil"])
+@pytest.mark.parametrize("fmt", ["e2m1", "e4m3"])
+def test_torchao_quantize_is_bit_identical_to_mx_quantize(fmt, rule):
+    x = torch.randn(64, 256, generator=torch.Generator().manual_seed(3))
+    got = TorchaoBackend().quantize(x, OperandSpec(fmt, "mx", scale_rule=rule))
+    want = mx_quantize(x, fmt, scale_rule=rule)
+    assert (got.scales != 0).all()  # the documented byte-0 divergence does not arise
+    assert torch.equal(got.scales, want.scales) and torch.equal(got.codes, want.codes)
+    assert got.shape == want.shape and torch.equal(got.dequantize(), want.dequantize())
+
+
+def test_torchao_passes_the_conformance_quantize_check():
+    gen = torch.Generator().manual_seed(0)
+    assert check_quantize(TorchaoBackend(), RECIPES["mxfp8"], gen) is None
+    fp4 = OperandSpec("e2m1", "mx", scale_rule="even", pad_to=128)
+    assert check_quantize(TorchaoBackend(), Recipe("fp4", x_row=fp4, w_row=fp4), gen) is None
+
+
+# ------------------------------------------------------------------ TransformerEngine (fake)
+
+
+class _Recipe:
+    def __init__(self, **kw: Any) -> None:
+        self.kw = kw
+
+
+def _fake_te(calls: list, *, new_autocast: bool = True) -> dict[str, ModuleType]:
+    te = ModuleType("transformer_engine")
+    common = ModuleType("transformer_engine.common")
+    rec = ModuleType("transformer_engine.common.recipe")
+    pt = ModuleType("transformer_engine.pytorch")
+    rec.Format = Enum("Format", ["E4M3", "E5M2", "HYBRID", "E2M1"])
+    for name in ("DelayedScaling", "Float8CurrentScaling", "MXFP8BlockScaling", "NVFP4BlockScaling"):
+        setattr(rec, name, type(name, (_Recipe,), {}))
+    active: list = []
+    # what the fake computes with: the mxcheck recipe the TE recipe stands for
+    compute = {"DelayedScaling": "fp8-hybrid", "Float8CurrentScaling": "fp8-hybrid",
+               "MXFP8BlockScaling": "mxfp8", "NVFP4BlockScaling": "nvfp4"}
+
+    class Linear(torch.nn.Module):
+        def __init__(self, k: int, n: int, bias: bool = True, params_dtype: Any = None, **kw: Any) -> None:
+            super().__init__()
+            calls.append(("Linear", k, n, bias, params_dtype, kw))
+            self.weight = torch.nn.Parameter(torch.empty(n, k, dtype=params_dtype))
+            self.bias = torch.nn.Parameter(torch.empty(n, dtype=params_dtype)) if bias else None
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            assert active, "Linear called outside the autocast"
+            calls.append(("forward", self.weight.detach().clone()))
+            return quant_linear(x, self.weight, self.bias, compute[type(active[-1]).__name__])
+
+    @contextmanager
+    def autocast(**kw: Any):
+        calls.append(("autocast", kw))
+        active.append(kw.get("recipe", kw.get("fp8_recipe")))
+        try:
+            yield
+        finally:
+            active.pop()
+
+    pt.Linear = Linear
+    if new_autocast:
+        pt.autocast = autocast
+    pt.fp8_autocast = autocast
+    te.pytorch, te.common, common.recipe = pt, common, rec
+    return {"transformer_engine": te, "transformer_engine.common": common,
+            "transformer_engine.common.recipe": rec, "transformer_engine.pytorch": pt}
+
+
+@pytest.fixture
+def fake_te(monkeypatch):
+    calls: list = []
+    for name, mod in _fake_te(calls).items():
+        monkeypatch.setitem(sys.modules, name, mod)
+    return calls
+
+
+def test_te_supports_its_four_recipes(monkeypatch):
+    monkeypatch.setenv(FAKE_HARDWARE_ENV, "sm90")
+    b = TransformerEngineBackend()
+    for r in ("fp8-delayed", "fp8", "fp8-hybrid"):
+        assert b.supports(r) == (True, ""), r
+    for r in ("mxfp8", "nvfp4"):
+        ok, why = b.supports(r)
+        assert not ok and "(10, 0)" in why and "sm90" in why
+    assert "none of TE's" in b.supports("mxfp4")[1]
+    monkeypatch.setenv(FAKE_HARDWARE_ENV, "sm100")
+    assert b.supports("mxfp8") == (True, "") and b.supports("nvfp4") == (True, "")
+
+
+@pytest.mark.parametrize(("recipe", "cls", "kw"), [
+    ("fp8-delayed", "DelayedScaling", {"fp8_format": "HYBRID", "margin": 0, "amax_history_len": 1024,
+                                       "amax_compute_algo": "max"}),
+    ("fp8-hybrid", "Float8CurrentScaling", {"fp8_format": "HYBRID"}),
+    ("fp8", "Float8CurrentScaling", {"fp8_format": "E4M3"}),
+    ("mxfp8", "MXFP8BlockScaling", {"fp8_format": "E4M3"}),
+    ("nvfp4", "NVFP4BlockScaling", {}),
+])
+def test_te_builds_the_recipe_object(fake_te, recipe, cls, kw):
+    got = TransformerEngineBackend().te_recipe(recipe)
+    assert type(got).__name__ == cls
+    assert {k: getattr(v, "name", v) for k, v in got.kw.items()} == kw
+
+
+def test_te_linear_runs_the_module_under_autocast_with_the_weight_copied(fake_te):
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(32, 64, generator=gen, requires_grad=True)
+    w = (torch.randn(16, 64, generator=gen) / 8).requires_grad_(True)
+    b = torch.randn(16, generator=gen, requires_grad=True)
+    backend = TransformerEngineBackend()
+    y = backend.linear(x, w, b, "fp8-delayed")
+    (lin,) = [c for c in fake_te if c[0] == "Linear"]
+    assert lin[1:5] == ("Linear", 64, 16, True, torch.bfloat16)[1:]
+    (ac,) = [c for c in fake_te if c[0] == "autocast"]
+    assert set(ac[1]) == {"enabled", "recipe"} and ac[1]["enabled"] is True
+    r = ac[1]["recipe"]
+    assert type(r).__name__ == "DelayedScaling" and r.kw["fp8_format"].name == "HYBRID"
+    assert (r.kw["amax_history_len"], r.kw["amax_compute_algo"]) == (1024, "max")
+    (fwd,) = [c for c in fake_te if c[0] == "forward"]
+    assert torch.equal(fwd[1], w.detach().to(torch.bfloat16))
+    ref = quant_linear(x.detach().to(torch.bfloat16), w.detach().to(torch.bfloat16),
+                       b.detach().to(torch.bfloat16), "fp8-hybrid")
+    assert y.dtype == torch.bfloat16 and torch.equal(y, ref)
+    y.float().sum().backward()
+    assert x.grad is not None and w.grad is not None and b.grad is not None
+    assert torch.equal(b.grad, torch.full_like(b, 32.0))
+    # a second call with a new weight reuses the module and copies the new weight in
+    backend.linear(x, w * 2, b, "fp8-delayed")
+    assert len([c for c in fake_te if c[0] == "Linear"]) == 1
+    assert torch.equal([c for c in fake_te if c[0] == "forward"][-1][1], (w * 2).detach().to(torch.bfloat16))
+
+
+def test_te_linear_falls_back_to_fp8_autocast(monkeypatch):
+    calls: list = []
+    for name, mod in _fake_te(calls, new_autocast=False).items():
+        monkeypatch.setitem(sys.modules, name, mod)
+    x, w = torch.randn(4, 32), torch.randn(8, 32)
+    y = TransformerEngineBackend().linear(x.view(2, 2, 32), w, None, "fp8")
+    (ac,) = [c for c in calls if c[0] == "autocast"]
+    assert set(ac[1]) == {"enabled", "fp8_recipe"}
+    assert type(ac[1]["fp8_recipe"]).__name__ == "Float8CurrentScaling"
+    assert y.shape == (2, 2, 8)
+
+
+# ------------------------------------------------------------------ registry
+
+
+def test_registry_gets_the_backends_without_importing_the_vendors():
+    code = ("import sys, mxcheck, mxcheck.backends as b\n"
+            "for n in ('torch', 'torchao', 'transformer_engine'):\n"
+            "    assert type(b.get(n)).__name__ in ('TorchScaledMMBackend', 'TorchaoBackend',"
+            " 'TransformerEngineBackend'), n\n"
+            "assert not [m for m in sys.modules if m.split('.')[0] in ('torchao', 'transformer_engine')]\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
+    assert {"torch", "torchao", "transformer_engine"} <= set(mxcheck.backends.registered())
+
+
+# ------------------------------------------------------------------ torch._scaled_mm on CUDA
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("granularity", ["tensor", "row"])
+def test_torch_scaled_mm_matches_emulated_gemm(granularity):
+    backend = TorchScaledMMBackend()
+    ok, why = backend.available()
+    if not ok:
+        pytest.skip(why)
+    gen = torch.Generator().manual_seed(0)
+    m, n, k = 128, 96, 256
+    x = torch.randn(m, k, generator=gen).cuda()
+    w = (torch.randn(n, k, generator=gen) / k**0.5).cuda()
+    a = fp8_quantize(x, "e4m3", granularity=granularity)
+    b = fp8_quantize(w, "e4m3", granularity=granularity)
+    got = backend.gemm(a, b, out_dtype=torch.float32).double()
+    exact = emulated_gemm(a, b, out_dtype=torch.float64, accumulate=torch.float64)
+    bound = k * 2.0**-24 * (a.dequantize().double().abs() @ b.dequantize().double().abs().T)
+    assert ((got - exact).abs() <= bound).all(), float(((got - exact).abs() - bound).max())
+    bias = torch.randn(n, generator=gen).cuda().to(torch.bfloat16)
+    with_bias = backend.gemm(a, b, out_dtype=torch.bfloat16, bias=bias)
+    assert with_bias.shape == (m, n) and with_bias.dtype == torch.bfloat16
+    ref = (exact + bias.double()).to(torch.bfloat16).double()
+    assert ((with_bias.double() - ref).abs() <= 2 * ref.abs() * 2.0**-8 + 1e-2).all()
