@@ -262,6 +262,10 @@ def test_registry_gets_the_backends_without_importing_the_vendors():
 
 
 @pytest.mark.cuda
+@pytest.mark.xfail(strict=True, reason=(
+    "Hopper FP8 MMA does not accumulate in full fp32: on an H200 (torch 2.11) _scaled_mm was outside "
+    "the K*2^-24 fp32-accumulation bound on ~0.6% of outputs at K=512, relative error up to 3e-4 "
+    "(about 2^-12; cf. DeepSeek-V3 sec. 3.3.2, ~14-bit accumulation). Strict: passing means it changed."))
 @pytest.mark.parametrize("granularity", ["tensor", "row"])
 def test_torch_scaled_mm_matches_emulated_gemm(granularity):
     backend = TorchScaledMMBackend()
