@@ -27,6 +27,21 @@ LINEAR_SNR_FLOORS = {"mxfp4": 10.0, "mxfp4-fp8bwd": 10.0, "mxfp6": 20.0, "fp8": 
 _M, _N, _K = 256, 256, 512
 
 
+def _snr(numerics: Any, test: torch.Tensor, ref: torch.Tensor, threshold_db: float, **context: Any) -> None:
+    """assert_snr, recorded into the report when the pytest ``numerics`` fixture is given."""
+    if numerics is None:
+        assert_snr(test, ref, threshold_db, context=context)
+    else:
+        numerics.context(**context).snr(test, ref, threshold_db)
+
+
+def _bitwise(numerics: Any, test: torch.Tensor, ref: torch.Tensor, **context: Any) -> None:
+    if numerics is None:
+        assert_bitwise_equal(test, ref, context=context)
+    else:
+        numerics.context(**context).bitwise(test, ref)
+
+
 def _device(backend: Any) -> str:
     return getattr(backend, "device", "cpu")
 
@@ -42,7 +57,7 @@ def _fwd_operands(recipe: Recipe, x: torch.Tensor, w: torch.Tensor) -> tuple[Any
     return quantize_operand(x, recipe.x_row), quantize_operand(w, recipe.w_row)
 
 
-def check_quantize(backend: Any, recipe: Recipe, gen: torch.Generator) -> str | None:
+def check_quantize(backend: Any, recipe: Recipe, gen: torch.Generator, numerics: Any = None) -> str | None:
     """The backend's quantization of x_row and w_row is bit-identical to the oracle's."""
     if not hasattr(backend, "quantize"):
         return "backend has no quantize"
@@ -52,12 +67,12 @@ def check_quantize(backend: Any, recipe: Recipe, gen: torch.Generator) -> str | 
         ours, theirs = quantize_operand(t, spec), backend.quantize(t, spec)
         for field in ("codes", "scales", "block_scales", "scale_inv"):
             if hasattr(ours, field):
-                assert_bitwise_equal(getattr(theirs, field), getattr(ours, field),
-                                     context={"recipe": recipe.name, "layer": f"{name}.{field}"})
+                _bitwise(numerics, getattr(theirs, field), getattr(ours, field), recipe=recipe.name,
+                         layer=f"{name}.{field}", direction="quantize")
     return None
 
 
-def check_gemm(backend: Any, recipe: Recipe, gen: torch.Generator) -> str | None:
+def check_gemm(backend: Any, recipe: Recipe, gen: torch.Generator, numerics: Any = None) -> str | None:
     """GEMM within the fp32-accumulation bound of the oracle's exact (float64) GEMM."""
     if not hasattr(backend, "gemm"):
         return "backend has no gemm"
@@ -85,7 +100,7 @@ def _linear(backend: Any, x, w, b, recipe: Recipe, seed: int = 0):
     return x, w, b, y
 
 
-def check_linear(backend: Any, recipe: Recipe, gen: torch.Generator) -> str | None:
+def check_linear(backend: Any, recipe: Recipe, gen: torch.Generator, numerics: Any = None) -> str | None:
     """fwd, dgrad, wgrad and bias grad above the recipe's SNR floor against float64 truth, and
     close to the reference Function given the same quantized operands."""
     if not hasattr(backend, "linear"):
@@ -104,18 +119,18 @@ def check_linear(backend: Any, recipe: Recipe, gen: torch.Generator) -> str | No
     for direction, ref in truth.items():
         if got[direction] is None or not got[direction].abs().sum():
             raise NumericsError(f"{direction} of recipe {recipe.name} is missing or all zero")
-        assert_snr(got[direction].double(), ref, 35.0 if direction == "bgrad" else floor,
-                   context={"recipe": recipe.name, "direction": direction, "m": _M, "n": _N, "k": _K})
+        _snr(numerics, got[direction].double(), ref, 35.0 if direction == "bgrad" else floor,
+             recipe=recipe.name, layer="vs float64 truth", direction=direction, m=_M, n=_N, k=_K)
     rx, rw, _, ry = _linear(_Reference(), x0, w0, b0, recipe)
     ry.backward(dy.to(ry.dtype))
     for direction, ref in (("fwd", ry), ("dgrad", rx.grad), ("wgrad", rw.grad)):
         # Same quantized operands: only accumulation order and the output rounding may differ.
-        assert_snr(got[direction].double(), ref.double(), 40.0,
-                   context={"recipe": recipe.name, "direction": direction, "layer": "vs reference Function"})
+        _snr(numerics, got[direction].double(), ref.double(), 40.0, recipe=recipe.name,
+             layer="vs reference Function", direction=direction, m=_M, n=_N, k=_K)
     return None
 
 
-def check_weight_change(backend: Any, recipe: Recipe, gen: torch.Generator) -> str | None:
+def check_weight_change(backend: Any, recipe: Recipe, gen: torch.Generator, numerics: Any = None) -> str | None:
     """A second call with a changed weight changes the output (no stale cached quantization)."""
     if not hasattr(backend, "linear"):
         return "backend has no linear"
@@ -129,17 +144,17 @@ def check_weight_change(backend: Any, recipe: Recipe, gen: torch.Generator) -> s
     return None
 
 
-def check_repeatable(backend: Any, recipe: Recipe, gen: torch.Generator) -> str | None:
+def check_repeatable(backend: Any, recipe: Recipe, gen: torch.Generator, numerics: Any = None) -> str | None:
     """Repeat calls are bit-identical (recipes without SR; SR recipes with the same seed)."""
     if not hasattr(backend, "linear"):
         return "backend has no linear"
     x, w, b = _inputs(gen, _device(backend))
     outs = [_linear(backend, x, w, b, recipe, seed=7)[3].detach() for _ in range(2)]
-    assert_bitwise_equal(outs[1], outs[0], context={"recipe": recipe.name, "layer": "repeat call"})
+    _bitwise(numerics, outs[1], outs[0], recipe=recipe.name, layer="repeat call", direction="fwd")
     return None
 
 
-def check_nan_propagates(backend: Any, recipe: Recipe, gen: torch.Generator) -> str | None:
+def check_nan_propagates(backend: Any, recipe: Recipe, gen: torch.Generator, numerics: Any = None) -> str | None:
     """NaN in gives NaN out (in that row), never a silent finite value."""
     if not hasattr(backend, "linear"):
         return "backend has no linear"
@@ -152,7 +167,7 @@ def check_nan_propagates(backend: Any, recipe: Recipe, gen: torch.Generator) -> 
     return None
 
 
-def check_shapes(backend: Any, recipe: Recipe, gen: torch.Generator) -> str | None:
+def check_shapes(backend: Any, recipe: Recipe, gen: torch.Generator, numerics: Any = None) -> str | None:
     """3D input [B, S, K] gives [B, S, N] in the recipe's output dtype, equal to the 2D call."""
     if not hasattr(backend, "linear"):
         return "backend has no linear"
@@ -163,7 +178,7 @@ def check_shapes(backend: Any, recipe: Recipe, gen: torch.Generator) -> str | No
     if y3.shape != (2, _M // 2, _N) or y3.dtype != recipe.out_dtype:
         raise NumericsError(f"recipe {recipe.name}: 3D input gave shape {tuple(y3.shape)} {y3.dtype}, "
                             f"expected {(2, _M // 2, _N)} {recipe.out_dtype}")
-    assert_bitwise_equal(y3.reshape(_M, _N), y2, context={"recipe": recipe.name, "layer": "3D vs 2D"})
+    _bitwise(numerics, y3.reshape(_M, _N), y2, recipe=recipe.name, layer="3D vs 2D", direction="fwd")
     return None
 
 
@@ -176,7 +191,7 @@ class _Reference:
         return quant_linear(x, w, b, recipe)
 
 
-CHECKS: dict[str, Callable[[Any, Recipe, torch.Generator], str | None]] = {
+CHECKS: dict[str, Callable[..., str | None]] = {
     "quantize": check_quantize,
     "gemm": check_gemm,
     "linear": check_linear,

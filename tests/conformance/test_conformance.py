@@ -14,10 +14,10 @@ RECIPE_NAMES = sorted(LINEAR_SNR_FLOORS)
 
 @pytest.mark.parametrize("recipe", RECIPE_NAMES)
 @pytest.mark.parametrize("check", sorted(CHECKS))
-def test_backend_conforms(backend, check, recipe, gen):
+def test_backend_conforms(backend, check, recipe, gen, numerics):
     ok, why = backend.supports(RECIPES[recipe])
     if not ok:
         pytest.skip(f"backend {backend.name} does not support {recipe}: {why}")
-    skipped = CHECKS[check](backend, RECIPES[recipe], gen)
+    skipped = CHECKS[check](backend, RECIPES[recipe], gen, numerics)
     if skipped:
         pytest.skip(f"{check}: {skipped}")
