@@ -149,7 +149,13 @@ class Collector:
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when == "call":
-            self.records += [Record.from_json(v) for k, v in report.user_properties if k == RECORD_KEY]
+            recs = [Record.from_json(v) for k, v in report.user_properties if k == RECORD_KEY]
+            if report.failed and all(r.passed for r in recs):
+                # A test that failed outside a recorded comparison still counts as a failure
+                # in the report: a summary must never say "0 failed" over a red run.
+                recs.append(Record(test_id=report.nodeid, backend="n/a", recipe="n/a", kind="test",
+                                   passed=False, message=_crash_message(report)))
+            self.records += recs
         if report.skipped and not hasattr(report, "wasxfail"):
             self.skipped.append({"test_id": report.nodeid, "reason": _skip_reason(report)})
 
@@ -186,6 +192,11 @@ class Collector:
             tr.write_line(f"report: {self.config.getoption('mxcheck_report')}")
         if self.comparison_text:
             tr.write_line(self.comparison_text)
+
+
+def _crash_message(report: pytest.TestReport) -> str:
+    crash = getattr(report.longrepr, "reprcrash", None)
+    return (crash.message if crash is not None else str(report.longrepr)).splitlines()[0][:500]
 
 
 def _skip_reason(report: pytest.TestReport) -> str:

@@ -229,3 +229,18 @@ def test_uses_generator(numerics, mxcheck_generator):
     numerics.snr(x * 1.001, x, 20.0)
 """)
     pytester.runpytest("--mxcheck-deterministic-only", "3").assert_outcomes(passed=1)
+
+
+def test_a_failure_outside_a_recorded_check_still_counts_as_failed_in_the_report(pytester, cpu_only):
+    pytester.makepyfile("""
+def test_raises():
+    raise AssertionError("gemm outside the fp32-accumulation bound")
+
+def test_passes():
+    pass
+""")
+    path = pytester.path / "r.json"
+    pytester.runpytest("--mxcheck-report", str(path)).assert_outcomes(passed=1, failed=1)
+    records = json.loads(path.read_text())["records"]
+    assert [(r["kind"], r["passed"]) for r in records] == [("test", False)]
+    assert "gemm outside the fp32-accumulation bound" in records[0]["message"]
