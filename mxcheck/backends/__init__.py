@@ -7,6 +7,7 @@ factory runs only when a test asks for its backend).
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable
 from importlib import metadata
@@ -42,13 +43,7 @@ class BackendLoadError(ValueError):
     """A backend name or spec that does not resolve to a backend."""
 
 
-def _triton() -> Backend:
-    from mxcheck.backends.triton_mx import TritonMXBackend  # noqa: PLC0415
-
-    return TritonMXBackend()
-
-
-_FACTORIES: dict[str, Callable[[], Backend]] = {"emulated": EmulatedBackend, "triton": _triton}
+_FACTORIES: dict[str, Callable[[], Backend]] = {"emulated": EmulatedBackend}
 
 
 def register(name: str, factory: Callable[[], Backend]) -> None:
@@ -108,44 +103,21 @@ def available_backends() -> dict[str, tuple[bool, str]]:
     return out
 
 
-# Vendor adapters: the factory imports its module on first use, so importing mxcheck (or
-# listing backends) never imports aiter or primus_turbo; their available() imports those.
-def _aiter_factory() -> Backend:
-    from mxcheck.backends.aiter import AiterBackend  # noqa: PLC0415
-
-    return AiterBackend()
-
-
-def _primus_turbo_factory() -> Backend:
-    from mxcheck.backends.primus_turbo import PrimusTurboBackend  # noqa: PLC0415
-
-    return PrimusTurboBackend()
+# Built-in adapters by "module:class": each module is imported on first use, so importing
+# mxcheck (or listing backends) imports no vendor package; their available() imports those.
+_BUILTIN = {
+    "triton": "mxcheck.backends.triton_mx:TritonMXBackend",
+    "aiter": "mxcheck.backends.aiter:AiterBackend",
+    "primus_turbo": "mxcheck.backends.primus_turbo:PrimusTurboBackend",
+    "torch": "mxcheck.backends.torch_scaled_mm:TorchScaledMMBackend",
+    "torchao": "mxcheck.backends.torchao_backend:TorchaoBackend",
+    "transformer_engine": "mxcheck.backends.transformer_engine:TransformerEngineBackend",
+}
 
 
-register("aiter", _aiter_factory)
-register("primus_turbo", _primus_turbo_factory)
+def _instantiate(spec: str) -> Backend:
+    return _load_spec(spec)()
 
 
-# torch._scaled_mm, torchao and TransformerEngine: their modules import the vendor package
-# (torchao, transformer_engine) only inside available() and the calls that need it.
-def _torch_scaled_mm_factory() -> Backend:
-    from mxcheck.backends.torch_scaled_mm import TorchScaledMMBackend  # noqa: PLC0415
-
-    return TorchScaledMMBackend()
-
-
-def _torchao_factory() -> Backend:
-    from mxcheck.backends.torchao_backend import TorchaoBackend  # noqa: PLC0415
-
-    return TorchaoBackend()
-
-
-def _transformer_engine_factory() -> Backend:
-    from mxcheck.backends.transformer_engine import TransformerEngineBackend  # noqa: PLC0415
-
-    return TransformerEngineBackend()
-
-
-register("torch", _torch_scaled_mm_factory)
-register("torchao", _torchao_factory)
-register("transformer_engine", _transformer_engine_factory)
+for _name, _spec in _BUILTIN.items():
+    register(_name, functools.partial(_instantiate, _spec))
