@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import mxcheck.backends
+from mxcheck.assertions import assert_nonzero_grads
 from mxcheck.backends.torch_scaled_mm import TorchScaledMMBackend
 from mxcheck.backends.torchao_backend import TorchaoBackend
 from mxcheck.backends.transformer_engine import TransformerEngineBackend
@@ -225,7 +226,7 @@ def test_te_linear_runs_the_module_under_autocast_with_the_weight_copied(fake_te
                        b.detach().to(torch.bfloat16), "fp8-hybrid")
     assert y.dtype == torch.bfloat16 and torch.equal(y, ref)
     y.float().sum().backward()
-    assert x.grad is not None and w.grad is not None and b.grad is not None
+    assert_nonzero_grads([("x", x), ("w", w), ("b", b)])  # not merely "is not None"
     assert torch.equal(b.grad, torch.full_like(b, 32.0))
     # a second call with a new weight reuses the module and copies the new weight in
     backend.linear(x, w * 2, b, "fp8-delayed")
