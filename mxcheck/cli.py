@@ -1,10 +1,12 @@
-"""The ``mxcheck`` command: info, formats, report, compare.
+"""The ``mxcheck`` command: info, formats, report, compare, divergence, and the deployment
+checks lint, tuned-coverage and aiter-log.
 
 Each subcommand is one entry of ``COMMANDS``: a help line, a function that adds its
 arguments, and a function that runs it and returns the exit code. Adding a subcommand
 is those two small functions and one line in the table.
 
-Exit codes: 0 success, 1 a regression (``compare``), 2 bad usage or a bad input file.
+Exit codes: 0 success, 1 a regression (``compare``) or a failed deployment check (an error
+finding, a missing tuned shape, a logged miss), 2 bad usage or a bad input file.
 Every error is one line on stderr (``mxcheck <command>: error: ...``), never a traceback.
 """
 
@@ -14,6 +16,7 @@ import argparse
 import importlib
 import json
 import math
+import os
 import platform
 import sys
 from collections.abc import Callable, Sequence
@@ -374,6 +377,207 @@ def run_divergence(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---- deployment checks: lint, tuned-coverage, aiter-log ------------------------------
+
+
+def _positive_int(name: str) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = 0
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"{name} must be a positive integer, got {text!r}")
+        return value
+    return parse
+
+
+def _read_text(path: Path, what: str) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise CommandError(f"{path}: cannot read {what}: {getattr(e, 'strerror', None) or e}") \
+            from None
+
+
+def _lint_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("recipe", type=Path, metavar="RECIPE.yaml",
+                   help="a Primus experiment YAML (modules.pre_trainer.overrides) or a flat one")
+    env = p.add_mutually_exclusive_group()
+    env.add_argument("--env", action="store_true",
+                     help="also check this process's environment. Default: %(default)r")
+    env.add_argument("--env-file", type=Path, metavar="FILE",
+                     help="also check the KEY=VALUE lines of FILE as the launch environment")
+    p.add_argument("--txt-tokens", type=_positive_int("txt-tokens"), default=256, metavar="N",
+                   help="text tokens of seq_length (the rest are image tokens). "
+                        "Default: %(default)r")
+    p.add_argument("--dp-size", type=_positive_int("dp-size"), metavar="N",
+                   help="data-parallel size, for the one-microbatch rule (else from "
+                        "data_parallel_size, WORLD_SIZE or NNODES x GPUS_PER_NODE)")
+    _add_json_flag(p)
+
+
+def run_lint(args: argparse.Namespace) -> int:
+    from mxcheck.deploy import lint, load_recipe, parse_env_file  # noqa: PLC0415
+
+    env: dict[str, str] | None = dict(os.environ) if args.env else None
+    if args.env_file is not None:
+        try:
+            env = parse_env_file(_read_text(args.env_file, "env file"), source=str(args.env_file))
+        except ValueError as e:
+            raise CommandError(str(e)) from None
+    try:
+        recipe = load_recipe(args.recipe, env)
+    except OSError as e:
+        raise CommandError(f"{args.recipe}: cannot read recipe: {e.strerror or e}") from None
+    except ValueError as e:
+        raise CommandError(str(e)) from None
+    result = lint(recipe, env, txt_tokens=args.txt_tokens, dp_size=args.dp_size)
+    _out(_json(result.to_json()) if args.json else result.to_text())
+    return result.exit_code
+
+
+def _tuned_coverage_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("csv", type=Path, metavar="CSV", help="an AITER tuned GEMM CSV "
+                   "(gfx,cu_num,M,N,K,kernelId,splitK,us,kernelName,...)")
+    p.add_argument("--model", default="flux-12b", metavar="NAME",
+                   help="flux-12b, flux-12b-schnell or flux-535m. Default: %(default)r")
+    p.add_argument("--mbs", type=_positive_int("mbs"), required=True, metavar="N",
+                   help="micro batch size")
+    p.add_argument("--cu-num", type=_positive_int("cu-num"), default=256, metavar="N",
+                   help="compute units of the GPU (MI355X: 256). Default: %(default)r")
+    p.add_argument("--gfx", default="gfx950", metavar="ARCH",
+                   help="GPU arch, matched where the CSV has a gfx column. Default: %(default)r")
+    p.add_argument("--img-tokens", type=_positive_int("img-tokens"), default=256, metavar="N",
+                   help="image tokens per sample. Default: %(default)r")
+    p.add_argument("--txt-tokens", type=_positive_int("txt-tokens"), default=256, metavar="N",
+                   help="text tokens per sample. Default: %(default)r")
+    _add_json_flag(p)
+
+
+def run_tuned_coverage(args: argparse.Namespace) -> int:
+    from mxcheck.deploy import read_tuned_csv, tuned_coverage  # noqa: PLC0415
+
+    try:
+        table = read_tuned_csv(_read_text(args.csv, "tuned CSV"), source=str(args.csv))
+        coverage = tuned_coverage(table, args.model, args.mbs, img_tokens=args.img_tokens,
+                                  txt_tokens=args.txt_tokens, cu_num=args.cu_num, gfx=args.gfx)
+    except ValueError as e:  # a malformed CSV, an unknown model
+        raise CommandError(str(e)) from None
+    _out(_json(coverage.to_json()) if args.json else coverage.to_text())
+    return coverage.exit_code
+
+
+def _aiter_log_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("log", type=Path, metavar="LOG", help="a training log with AITER's "
+                   "tuned-config lines (hits need AITER_LOG_TUNED_CONFIG=1)")
+    _add_json_flag(p)
+
+
+def run_aiter_log(args: argparse.Namespace) -> int:
+    from mxcheck.deploy import audit_log  # noqa: PLC0415
+
+    audit = audit_log(_read_text(args.log, "log").splitlines(), source=str(args.log))
+    _out(_json(audit.to_json()) if args.json else audit.to_text())
+    return audit.exit_code
+
+
+# ---- Flux: shapes, sweep ---------------------------------------------------------------
+
+
+def _shapes_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="flux-12b", metavar="NAME",
+                   help="a Flux config (flux-12b, flux-12b-schnell, flux-535m, ...). Default: %(default)r")
+    p.add_argument("--mbs", type=_positive_int("mbs"), default=64, metavar="N",
+                   help="micro batch size. Default: %(default)r")
+    p.add_argument("--img-tokens", type=_positive_int("img-tokens"), default=256, metavar="N",
+                   help="image tokens per sample. Default: %(default)r")
+    p.add_argument("--txt-tokens", type=_positive_int("txt-tokens"), default=256, metavar="N",
+                   help="text tokens per sample. Default: %(default)r")
+    p.add_argument("--all", action="store_true", help="list every linear, not only those a "
+                   "Primus local spec quantizes. Default: %(default)r")
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--csv", action="store_true", help="CSV: layer,stream,direction,M,N,K. "
+                     "Default: %(default)r")
+    _add_json_flag(out)
+
+
+def run_shapes(args: argparse.Namespace) -> int:
+    from mxcheck.flux import flux_linear_shapes, shapes_csv, unique_gemms  # noqa: PLC0415
+
+    try:
+        rows = flux_linear_shapes(args.model, args.mbs, args.img_tokens, args.txt_tokens,
+                                  replaced_only=not args.all)
+    except ValueError as e:
+        raise CommandError(str(e)) from None
+    if args.csv:
+        _out(shapes_csv(rows))
+    elif args.json:
+        _out(_json([{"layer": g.layer, "stream": r.linear.stream, "direction": g.direction,
+                     "m": g.m, "n": g.n, "k": g.k} for r in rows for g in r.gemms()]))
+    else:
+        unique = unique_gemms(rows)
+        table = [["direction", "M", "N", "K", "layers"]]
+        table += [[d, str(m), str(n), str(k), f"{len(names)} ({names[0]}...)"]
+                  for (d, m, n, k), names in unique.items()]
+        _out(f"{args.model}, micro batch {args.mbs}, {args.img_tokens} image + {args.txt_tokens} text "
+             f"tokens: {len(rows)} linears, {len(unique)} unique GEMMs\n{_table(table)}")
+    return 0
+
+
+def _sweep_args(p: argparse.ArgumentParser) -> None:
+    from mxcheck.sweep import DEFAULT_RECIPES  # noqa: PLC0415
+
+    p.add_argument("--model", default="flux-12b", metavar="NAME",
+                   help="a Flux config. Default: %(default)r")
+    p.add_argument("--recipes", nargs="+", default=list(DEFAULT_RECIPES), metavar="RECIPE",
+                   help="recipes to run. Default: %(default)r")
+    p.add_argument("--backend", default="auto", metavar="NAME",
+                   help="a backend name, 'pkg.module:factory', or auto (per recipe the first "
+                        "usable of triton, torch, emulated). Default: %(default)r")
+    p.add_argument("--mbs", type=_positive_int("mbs"), default=64, metavar="N",
+                   help="micro batch size. Default: %(default)r")
+    p.add_argument("--tokens", type=_positive_int("tokens"), metavar="N",
+                   help="force M of every linear (default: the shape table's M on a GPU, "
+                        "256 on a CPU)")
+    p.add_argument("--out", type=Path, metavar="DIR",
+                   help="write sweep.json, sweep.md and sweep.html (needs matplotlib) here")
+    p.add_argument("--seed", type=int, default=0, metavar="N", help="input seed. Default: %(default)r")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="no progress lines on stderr. Default: %(default)r")
+
+
+def run_sweep_command(args: argparse.Namespace) -> int:
+    from mxcheck.backends import BackendLoadError  # noqa: PLC0415
+    from mxcheck.sweep import run_sweep  # noqa: PLC0415
+
+    say = lambda msg: _progress("sweep", msg, args.quiet)  # noqa: E731
+    try:
+        report = run_sweep(args.model, args.recipes, args.backend, batch=args.mbs, tokens=args.tokens,
+                           seed=args.seed, progress=say)
+    except (ValueError, BackendLoadError) as e:
+        raise CommandError(str(e)) from None
+    md = render_markdown(report)
+    if args.out is None:
+        _out(md)
+    else:
+        try:
+            args.out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise CommandError(f"{args.out}: cannot create: {e.strerror or e}") from None
+        report.save(args.out / "sweep.json")
+        _write(args.out / "sweep.md", md)
+        try:
+            _write(args.out / "sweep.html", render_html(report))
+        except ImportError as e:
+            say(f"no HTML: {e}")
+        say(f"wrote {args.out}/sweep.{{json,md,html}}")
+    failed = [r for r in report.records if not r.passed]
+    say(f"{len(report.records)} records, {len(failed)} failed, {len(report.skipped)} skipped, "
+        f"{report.environment['sweep']['wall_s']} s")
+    return 1 if failed else 0
+
+
 # ---- the table of subcommands --------------------------------------------------------
 
 
@@ -393,12 +597,22 @@ COMMANDS: dict[str, Command] = {
     "compare": Command("compare two reports; exit 1 on a regression", _compare_args,
                        run_compare),
     "divergence": Command("where two profiles give different bits", _divergence_args, run_divergence),
+    "lint": Command("check a Flux training recipe (and launch env); exit 1 on an error",
+                    _lint_args, run_lint),
+    "tuned-coverage": Command("which Flux GEMM shapes an AITER tuned CSV covers; exit 1 if "
+                              "any is missing", _tuned_coverage_args, run_tuned_coverage),
+    "shapes": Command("every Flux linear's fwd/dgrad/wgrad GEMM (M, N, K)", _shapes_args, run_shapes),
+    "sweep": Command("every unique Flux linear shape through each recipe, SNR against float64 "
+                     "truth; exit 1 on a failed record", _sweep_args, run_sweep_command),
+    "aiter-log": Command("count AITER tuned-config hits and misses per shape; exit 1 on a "
+                         "miss", _aiter_log_args, run_aiter_log),
 }
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="mxcheck: numerics checks for low-precision "
-                     "training. Exit codes: 0 ok, 1 regression (compare), 2 bad usage or input.")
+                     "training. Exit codes: 0 ok, 1 regression (compare) or failed check (lint, "
+                     "tuned-coverage, aiter-log), 2 bad usage or input.")
     parser.add_argument("--version", action="version", version=f"{PROG} {mxcheck.__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, cmd in COMMANDS.items():

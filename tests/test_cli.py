@@ -27,7 +27,8 @@ ROOT = Path(__file__).parents[1]
 DATA = ROOT / "tests" / "test_report"
 SMALL = DATA / "small.json"
 BASELINE = DATA / "baseline.json"
-COMMAND_NAMES = ["info", "formats", "report", "compare", "divergence"]
+COMMAND_NAMES = ["info", "formats", "report", "compare", "divergence", "lint", "tuned-coverage",
+                 "aiter-log", "shapes", "sweep"]
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

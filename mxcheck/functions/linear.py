@@ -19,7 +19,7 @@ GEMMs that run), so a seed fixes the result.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -42,6 +42,8 @@ _BACKWARD_OPERANDS = ("g_row", "w_col", "g_col", "x_col")
 _FP8_SCALINGS = (*FP8_GRANULARITIES, "delayed")
 
 States = Mapping[str, DelayedScaling]
+# ``gemm(a, b, *, out_dtype, bias=None)`` on quantized operands, NT: emulated_gemm's signature.
+Gemm = Callable[..., torch.Tensor]
 
 
 def make_delayed_states(recipe: str | Recipe, *, amax_history_len: int = 1024,
@@ -60,7 +62,7 @@ class OperandQuantizer:
     """Quantizes operand copies of one layer as its recipe says, with SR bits and states."""
 
     def __init__(self, recipe: Recipe, layer: str, generator: torch.Generator | None,
-                 states: States | None) -> None:
+                 states: States | None, gemm: Gemm | None = None) -> None:
         if generator is not None and not isinstance(generator, torch.Generator):
             raise TypeError(f"layer {layer}: generator must be a torch.Generator or None, "
                             f"got {type(generator).__name__}")
@@ -69,6 +71,8 @@ class OperandQuantizer:
                             f"got {type(states).__name__}")
         self.recipe, self.layer, self.generator = recipe, layer, generator
         self.states = dict(states or {})
+        # The GEMM the layer runs: the oracle's, or a backend's on the same quantized operands.
+        self.gemm: Gemm = emulated_gemm if gemm is None else gemm
 
     def __call__(self, operand: str, t: torch.Tensor) -> QTensor:
         spec = self.recipe.spec(operand)
@@ -93,17 +97,17 @@ class OperandQuantizer:
 
 def linear_fwd(q: OperandQuantizer, x2d: torch.Tensor, w: torch.Tensor,
                bias: torch.Tensor | None) -> torch.Tensor:
-    return emulated_gemm(q("x_row", x2d), q("w_row", w), out_dtype=q.recipe.out_dtype, bias=bias)
+    return q.gemm(q("x_row", x2d), q("w_row", w), out_dtype=q.recipe.out_dtype, bias=bias)
 
 
 def linear_dgrad(q: OperandQuantizer, g2d: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    return emulated_gemm(q("g_row", g2d), q("w_col", w.t()), out_dtype=q.recipe.out_dtype)
+    return q.gemm(q("g_row", g2d), q("w_col", w.t()), out_dtype=q.recipe.out_dtype)
 
 
 def linear_wgrad(q: OperandQuantizer, g2d: torch.Tensor, x2d: torch.Tensor,
                  out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    return emulated_gemm(q("g_col", g2d.t()), q("x_col", x2d.t()),
-                         out_dtype=out_dtype or q.recipe.out_dtype)
+    return q.gemm(q("g_col", g2d.t()), q("x_col", x2d.t()),
+                  out_dtype=out_dtype or q.recipe.out_dtype)
 
 
 def bias_grad(g2d: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -173,18 +177,19 @@ def reset_main_grad_step(weight: torch.Tensor) -> None:
 
 
 class QuantLinearFunction(torch.autograd.Function):
-    """``apply(x, weight, bias, recipe, layer, generator, states, fuse_wgrad_into_main_grad)``."""
+    """``apply(x, weight, bias, recipe, layer, generator, states, fuse_wgrad_into_main_grad, gemm)``."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                 recipe: str | Recipe, layer: str = "linear", generator: torch.Generator | None = None,
-                states: States | None = None, fuse_wgrad_into_main_grad: bool = False) -> torch.Tensor:
+                states: States | None = None, fuse_wgrad_into_main_grad: bool = False,
+                gemm: Gemm | None = None) -> torch.Tensor:
         recipe = get_recipe(recipe)
         m, n, k = check_linear_args(x, weight, bias, layer)
         recipe.check_shape(m, n, k, layer)
         if fuse_wgrad_into_main_grad:
             _check_main_grad(weight, recipe, layer)
-        q = OperandQuantizer(recipe, layer, generator, states)
+        q = OperandQuantizer(recipe, layer, generator, states, gemm)
         x2d = x.reshape(m, k)
         y = linear_fwd(q, x2d, weight, bias)
         ctx.save_for_backward(x2d, weight)
@@ -209,7 +214,7 @@ class QuantLinearFunction(torch.autograd.Function):
             dw = linear_wgrad(q, g2d, x2d).to(weight.dtype)
         if need_db:
             db = bias_grad(g2d, ctx.bias_dtype)
-        return dx, dw, db, None, None, None, None, None
+        return dx, dw, db, None, None, None, None, None, None
 
 
 def quant_linear(
@@ -222,6 +227,7 @@ def quant_linear(
     generator: torch.Generator | None = None,
     states: States | None = None,
     fuse_wgrad_into_main_grad: bool = False,
+    gemm: Gemm | None = None,
 ) -> torch.Tensor:
     """``x[..., K] @ weight[N, K]^T + bias[N]`` through the recipe's quantized GEMMs.
 
@@ -231,6 +237,8 @@ def quant_linear(
     ``fuse_wgrad_into_main_grad``: store (not add) the wgrad into the bf16
     ``weight.main_grad``, set ``weight.grad_added_to_main_grad`` and return no weight grad;
     one microbatch per step (``reset_main_grad_step`` starts the next step).
+    ``gemm``: run the three GEMMs with this function (a backend's ``gemm``) on the operands
+    quantized here; None runs the oracle's ``emulated_gemm``.
     """
     return QuantLinearFunction.apply(x, weight, bias, get_recipe(recipe), layer, generator, states,
-                                     fuse_wgrad_into_main_grad)
+                                     fuse_wgrad_into_main_grad, gemm)

@@ -1,0 +1,159 @@
+"""Rectified-flow training of a small Flux with an FP32 master copy, for convergence tests.
+
+The objective is Flux's (Primus ``loss_computation.py``, diffusers
+``train_dreambooth_flux.py``): ``x_t = (1 - t) x0 + t noise`` with logit-normal t, target
+``noise - x0``, MSE in float32. The model computes in bf16; its parameters are copied each
+step from an FP32 master copy that AdamW steps (as Megatron's optimizer does), because an
+update below half a bf16 ulp applied to bf16 weights in place rounds away (DESIGN.md trap
+2). Every run draws its data, t and noise from its own seeded generators, so a bf16 run
+and a run per recipe see the same batches and their loss curves can be compared step by step.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mxcheck.flux.config import FluxConfig, get_config
+from mxcheck.flux.init import break_zero_init, init_weights
+from mxcheck.flux.inputs import make_inputs
+from mxcheck.flux.model import Flux
+from mxcheck.flux.quantize import quantize_model
+
+__all__ = [
+    "MasterWeights",
+    "TrainConfig",
+    "TrainResult",
+    "flow_matching_loss",
+    "logit_normal",
+    "make_model",
+    "synthetic_dataset",
+    "train",
+]
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """A short convergence run: model, data size, optimizer and seed."""
+
+    model: str | FluxConfig = "flux-tiny"
+    steps: int = 40
+    samples: int = 4  # dataset size; every step trains on all of it
+    img_tokens: int = 16
+    txt_tokens: int = 16
+    lr: float = 2e-3
+    betas: tuple[float, float] = (0.9, 0.95)
+    weight_decay: float = 0.0
+    seed: int = 0
+    break_zero_init_std: float = 0.02
+
+
+@dataclass
+class TrainResult:
+    losses: list[float]
+    # max |grad| of every parameter after the first backward (before any step)
+    first_grads: dict[str, float] = field(default_factory=dict)
+
+
+def logit_normal(batch: int, generator: torch.Generator, mean: float = 0.0, std: float = 1.0) -> torch.Tensor:
+    """t = sigmoid(N(mean, std)): SD3's ``rf/lognorm``, Primus' ``LogitNormalSampler``."""
+    return torch.sigmoid(mean + std * torch.randn(batch, generator=generator))
+
+
+def synthetic_dataset(config: FluxConfig | str, samples: int, img_tokens: int, txt_tokens: int,
+                      generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """Latents a small Flux can learn: each sample's x0 is a smooth function of its
+    conditioning (a fixed random projection of its pooled vector), plus the model inputs."""
+    c = get_config(config)
+    data = make_inputs(c, samples, img_tokens, txt_tokens, generator=generator)
+    basis = torch.randn(c.vec_in_dim, img_tokens * c.in_channels, generator=generator) / c.vec_in_dim**0.5
+    x0 = (data["y"] @ basis).reshape(samples, img_tokens, c.in_channels)
+    data["x0"] = x0 / x0.std()
+    del data["img"], data["timesteps"]
+    return data
+
+
+def flow_matching_loss(model: nn.Module, data: dict[str, torch.Tensor], generator: torch.Generator,
+                       dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """MSE between the model's prediction at x_t and the velocity target noise - x0."""
+    x0 = data["x0"]
+    t = logit_normal(x0.shape[0], generator)
+    noise = torch.randn(x0.shape, generator=generator)
+    x_t = (1 - t[:, None, None]) * x0 + t[:, None, None] * noise
+    cond = {k: (v.to(dtype) if k in ("txt", "y", "guidance") else v) for k, v in data.items() if k != "x0"}
+    pred = model(img=x_t.to(dtype), timesteps=t.to(dtype), **cond)
+    return F.mse_loss(pred.float(), (noise - x0).float())
+
+
+class MasterWeights:
+    """FP32 master copies of a (bf16) model's parameters, stepped by an optimizer.
+
+    ``step()`` moves the model's gradients to the masters, steps, and copies the masters
+    back into the model (rounding to its dtype once).
+    """
+
+    def __init__(self, model: nn.Module, make_optimizer: Callable[[list[torch.Tensor]], torch.optim.Optimizer]) -> None:
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.master = [p.detach().float().clone().requires_grad_(True) for p in self.params]
+        self.optimizer = make_optimizer(self.master)
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for p, m in zip(self.params, self.master, strict=True):
+            m.grad = None if p.grad is None else p.grad.float()
+            p.grad = None
+        self.optimizer.step()
+        for p, m in zip(self.params, self.master, strict=True):
+            p.copy_(m)
+
+
+def make_model(cfg: TrainConfig, recipe: str | None = None, backend: str = "emulated") -> Flux:
+    """Primus init, zero-init broken, bf16, and (with a recipe) quantized linears."""
+    gen = torch.Generator().manual_seed(cfg.seed)
+    model = init_weights(Flux(cfg.model), "primus", generator=gen)
+    break_zero_init(model, cfg.break_zero_init_std, generator=gen)
+    model = model.to(torch.bfloat16)
+    if recipe is not None:
+        quantize_model(model, recipe, backend)
+    return model
+
+
+def train(model: nn.Module, cfg: TrainConfig, *, master_weights: bool = True) -> TrainResult:
+    """``cfg.steps`` AdamW steps on the synthetic dataset; the loss before each step.
+
+    ``master_weights=False`` steps the model's own (bf16) parameters in place: the trap
+    this module exists to avoid, kept so a test can show it.
+    """
+    data = synthetic_dataset(cfg.model, cfg.samples, cfg.img_tokens, cfg.txt_tokens,
+                             torch.Generator().manual_seed(cfg.seed + 1))
+    noise_gen = torch.Generator().manual_seed(cfg.seed + 2)
+    torch.manual_seed(cfg.seed + 3)  # stochastic-rounding recipes draw from the default generator
+
+    def adamw(params: list[torch.Tensor]) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+
+    master = MasterWeights(model, adamw) if master_weights else None
+    in_place = None if master_weights else adamw([p for p in model.parameters() if p.requires_grad])
+    result = TrainResult(losses=[])
+    for step in range(cfg.steps):
+        loss = flow_matching_loss(model, data, noise_gen)
+        loss.backward()
+        if step == 0:
+            result.first_grads = {n: (0.0 if p.grad is None else float(p.grad.abs().max()))
+                                  for n, p in model.named_parameters()}
+        result.losses.append(loss.item())
+        if master is not None:
+            master.step()
+        else:
+            in_place.step()
+            in_place.zero_grad(set_to_none=True)
+    return result
+
+
+def clone_model(model: nn.Module) -> nn.Module:
+    return copy.deepcopy(model)
