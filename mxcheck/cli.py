@@ -578,6 +578,141 @@ def run_sweep_command(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+# ---- stats ----------------------------------------------------------------------------
+
+
+def _shape_arg(text: str) -> tuple[int, int]:
+    rows, _, cols = text.lower().partition("x")
+    try:
+        shape = int(rows), int(cols)
+    except ValueError:
+        shape = 0, 0
+    if min(shape) < 1:
+        raise argparse.ArgumentTypeError(f"shape must be ROWSxCOLS with positive integers "
+                                         f"(e.g. 256x3072), got {text!r}")
+    return shape
+
+
+def _stats_args(p: argparse.ArgumentParser) -> None:
+    from mxcheck.recipes import OPERANDS, RECIPES  # noqa: PLC0415
+    from mxcheck.stats import DISTRIBUTIONS  # noqa: PLC0415
+
+    p.add_argument("--recipe", default="mxfp4", choices=list(RECIPES), metavar="NAME",
+                   help=f"one of {', '.join(RECIPES)}. Default: %(default)r")
+    p.add_argument("--operand", default="x_row", choices=OPERANDS, metavar="OPERAND",
+                   help=f"the operand copy whose spec to use: {', '.join(OPERANDS)}. "
+                        "Default: %(default)r")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--shape", type=_shape_arg, default="256x3072", metavar="ROWSxCOLS",
+                     help="shape of a synthetic float32 operand (COLS is the contraction axis). "
+                          "Default: %(default)r")
+    src.add_argument("--pt", type=Path, metavar="FILE.pt",
+                     help="a tensor or a dict of tensors saved with torch.save (each viewed as "
+                          "[-1, last dim]; float64 read as float32)")
+    p.add_argument("--key", metavar="NAME", help="with --pt holding a dict: only this entry")
+    p.add_argument("--dist", default="normal", choices=list(DISTRIBUTIONS), metavar="DIST",
+                   help=f"distribution of the synthetic operand: {', '.join(DISTRIBUTIONS)}. "
+                        "Default: %(default)r")
+    p.add_argument("--seed", type=int, default=0, metavar="N",
+                   help="seed of the synthetic operand and of stochastic-rounding bits. "
+                        "Default: %(default)r")
+    _add_json_flag(p)
+
+
+def _as_operand(name: str, t: torch.Tensor) -> torch.Tensor:
+    if not t.dtype.is_floating_point or t.ndim == 0:
+        raise CommandError(f"{name}: a {t.dtype} tensor of shape {tuple(t.shape)}; expected a "
+                           "floating-point tensor of at least 1 dim")
+    t = t.detach().reshape(-1, t.shape[-1])
+    return t.float() if t.dtype == torch.float64 else t
+
+
+def _stats_tensors(args: argparse.Namespace) -> dict[str, torch.Tensor]:
+    """name -> 2D operand: the synthetic one, or the tensor(s) of the --pt file."""
+    from mxcheck.stats import synthetic  # noqa: PLC0415
+
+    if args.pt is None:
+        if args.key is not None:
+            raise CommandError(f"--key {args.key!r} selects an entry of a --pt file; give --pt FILE.pt")
+        rows, cols = args.shape
+        return {f"{args.dist} {rows}x{cols}": synthetic(args.shape, args.dist, seed=args.seed)}
+    try:
+        data = torch.load(args.pt, map_location="cpu", weights_only=True)
+    except OSError as e:
+        raise CommandError(f"{args.pt}: cannot read: {e.strerror or e}") from None
+    except Exception as e:  # pickle and torch errors: not a file of plain tensors
+        raise CommandError(f"{args.pt}: not a torch.save file of tensors ({type(e).__name__}: {e})") \
+            from None
+    if isinstance(data, torch.Tensor):
+        if args.key is not None:
+            raise CommandError(f"{args.pt} holds one tensor, not a dict: drop --key {args.key!r}")
+        return {args.pt.name: _as_operand(args.pt.name, data)}
+    if not isinstance(data, dict):
+        raise CommandError(f"{args.pt} holds a {type(data).__name__}; expected a tensor or a dict of tensors")
+    tensors = {str(k): v for k, v in data.items() if isinstance(v, torch.Tensor)}
+    if args.key is not None:
+        if args.key not in tensors:
+            raise CommandError(f"--key {args.key!r} is not a tensor in {args.pt}; it has {sorted(tensors)}")
+        tensors = {args.key: tensors[args.key]}
+    if not tensors:
+        raise CommandError(f"{args.pt}: the dict holds no tensors (keys {sorted(map(str, data))})")
+    return {k: _as_operand(k, v) for k, v in tensors.items()}
+
+
+def _pct(v: float) -> str:
+    return "n/a" if math.isnan(v) else f"{100 * v:.2f}%"
+
+
+def _stats_text(name: str, s: Any) -> str:
+    q, r = s.snr_db_quantiles, s.rel_error_quantiles
+    live = s.n_blocks - s.zero_blocks - s.nan_blocks
+    exps = "  ".join(f"{e}:{n}" for e, n in s.scale_exponents.items()) or "-"
+    return f"{name}: {s.shape[0]}x{s.shape[1]} ({s.domain} domain)\n" + _table([
+        ("blocks", f"{s.n_blocks} of {s.block[0]}x{s.block[1]} ({s.zero_blocks} all-zero, "
+                   f"{s.nan_blocks} NaN)"),
+        ("saturated", f"{_pct(s.saturated_fraction)} of {live} blocks ({s.saturated_blocks})"),
+        ("overflow", f"{_pct(s.overflow_fraction)} ({s.overflow_blocks}): the clip changed a code"),
+        ("flushed", f"{_pct(s.flushed_fraction)} of {s.nonzero_elements} non-zero elements "
+                    f"({s.flushed_elements})"),
+        ("SNR dB", f"{s.snr_db:.2f} overall; per block " +
+                   " ".join(f"{k} {v:.2f}" for k, v in q.items())),
+        ("rel error", " ".join(f"{k} {v:.4g}" for k, v in r.items())),
+        ("scale exp", f"{exps}  (exponent:blocks)"),
+    ])
+
+
+def run_stats(args: argparse.Namespace) -> int:
+    from mxcheck.recipes import get_recipe  # noqa: PLC0415
+    from mxcheck.scaling import DelayedScaling  # noqa: PLC0415
+    from mxcheck.stats import block_stats  # noqa: PLC0415
+
+    spec = get_recipe(args.recipe).spec(args.operand)
+    if not spec.quantized:
+        raise CommandError(f"recipe {args.recipe} keeps {args.operand} in {spec.fmt} (scaling 'none'): "
+                           "it has no blocks or scales")
+    results = {}
+    for name, t in _stats_tensors(args).items():
+        state = None
+        if spec.scaling == "delayed":
+            # A history holding this tensor's own amax: delayed scaling's steady state.
+            state = DelayedScaling(spec.fmt, margin=spec.margin)
+            state.quantize(t)
+        try:
+            results[name] = block_stats(t, spec, generator=torch.Generator().manual_seed(args.seed),
+                                        state=state)
+        except (TypeError, ValueError) as e:  # a dtype or shape the spec cannot take
+            raise CommandError(f"{name}: {e}") from None
+    if args.json:
+        _out(_json({"recipe": args.recipe, "operand": args.operand,
+                    "tensors": {k: s.to_json() for k, s in results.items()}}))
+        return 0
+    head = (f"recipe {args.recipe} operand {args.operand}: {spec.fmt} {spec.scaling}"
+            + (f" scale rule {spec.scale_rule}" if spec.scaling == "mx" else "")
+            + (f" hadamard {spec.hadamard}" if spec.hadamard else "") + "\n")
+    _out(head + "".join(_stats_text(k, s) for k, s in results.items()))
+    return 0
+
+
 # ---- the table of subcommands --------------------------------------------------------
 
 
@@ -606,6 +741,8 @@ COMMANDS: dict[str, Command] = {
                      "truth; exit 1 on a failed record", _sweep_args, run_sweep_command),
     "aiter-log": Command("count AITER tuned-config hits and misses per shape; exit 1 on a "
                          "miss", _aiter_log_args, run_aiter_log),
+    "stats": Command("per-block statistics of a quantized operand (saturation, flush to zero, "
+                     "scale exponents, block SNR)", _stats_args, run_stats),
 }
 
 

@@ -11,7 +11,7 @@ and a run per recipe see the same batches and their loss curves can be compared 
 
 from __future__ import annotations
 
-import copy
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mxcheck.assertions import NumericsError
 from mxcheck.flux.config import FluxConfig, get_config
 from mxcheck.flux.init import break_zero_init, init_weights
 from mxcheck.flux.inputs import make_inputs
@@ -29,6 +30,9 @@ __all__ = [
     "MasterWeights",
     "TrainConfig",
     "TrainResult",
+    "check_loss_falls",
+    "check_tracks",
+    "eval_loss",
     "flow_matching_loss",
     "logit_normal",
     "make_model",
@@ -42,11 +46,11 @@ class TrainConfig:
     """A short convergence run: model, data size, optimizer and seed."""
 
     model: str | FluxConfig = "flux-tiny"
-    steps: int = 40
-    samples: int = 4  # dataset size; every step trains on all of it
+    steps: int = 30
+    samples: int = 2  # dataset size; every step trains on all of it
     img_tokens: int = 16
     txt_tokens: int = 16
-    lr: float = 2e-3
+    lr: float = 5e-3
     betas: tuple[float, float] = (0.9, 0.95)
     weight_decay: float = 0.0
     seed: int = 0
@@ -123,14 +127,25 @@ def make_model(cfg: TrainConfig, recipe: str | None = None, backend: str = "emul
     return model
 
 
+def _dataset(cfg: TrainConfig) -> dict[str, torch.Tensor]:
+    return synthetic_dataset(cfg.model, cfg.samples, cfg.img_tokens, cfg.txt_tokens,
+                             torch.Generator().manual_seed(cfg.seed + 1))
+
+
+@torch.no_grad()
+def eval_loss(model: nn.Module, cfg: TrainConfig, seed: int = 12345) -> float:
+    """The loss on the training data with t and noise from ``seed``: the same draw every call."""
+    torch.manual_seed(seed)
+    return flow_matching_loss(model, _dataset(cfg), torch.Generator().manual_seed(seed)).item()
+
+
 def train(model: nn.Module, cfg: TrainConfig, *, master_weights: bool = True) -> TrainResult:
     """``cfg.steps`` AdamW steps on the synthetic dataset; the loss before each step.
 
     ``master_weights=False`` steps the model's own (bf16) parameters in place: the trap
     this module exists to avoid, kept so a test can show it.
     """
-    data = synthetic_dataset(cfg.model, cfg.samples, cfg.img_tokens, cfg.txt_tokens,
-                             torch.Generator().manual_seed(cfg.seed + 1))
+    data = _dataset(cfg)
     noise_gen = torch.Generator().manual_seed(cfg.seed + 2)
     torch.manual_seed(cfg.seed + 3)  # stochastic-rounding recipes draw from the default generator
 
@@ -155,5 +170,36 @@ def train(model: nn.Module, cfg: TrainConfig, *, master_weights: bool = True) ->
     return result
 
 
-def clone_model(model: nn.Module) -> nn.Module:
-    return copy.deepcopy(model)
+# ---- checks a convergence test makes (raise NumericsError, so a negative control can
+# show each one failing) -----------------------------------------------------------------
+
+
+def window_mean(losses: list[float], start: int, window: int) -> float:
+    part = losses[start:start + window] if start >= 0 else losses[start:][:window]
+    if len(part) < window:
+        raise ValueError(f"window={window}: need at least {window} losses, got {len(losses)}")
+    return sum(part) / window
+
+
+def check_loss_falls(losses: list[float], fraction: float, *, window: int = 5, what: str = "run") -> float:
+    """The mean of the last ``window`` losses is at least ``fraction`` below the first
+    ``window``'s; returns the relative fall."""
+    first, last = window_mean(losses, 0, window), window_mean(losses, -window, window)
+    fall = (first - last) / first
+    if not fall >= fraction:  # NaN fails too
+        raise NumericsError(f"{what}: loss fell by {fall:.1%} (mean of the first {window} steps {first:.4f}, "
+                            f"last {window} {last:.4f}); expected at least {fraction:.0%}")
+    return fall
+
+
+def check_tracks(losses: list[float], reference: list[float], band: float, *, what: str = "run") -> float:
+    """Every step's loss is within ``band`` (relative) of the reference run's at that step;
+    returns the largest relative gap."""
+    if len(losses) != len(reference):
+        raise ValueError(f"{what}: {len(losses)} losses against {len(reference)} reference losses")
+    gaps = [abs(a - b) / abs(b) for a, b in zip(losses, reference, strict=True)]
+    worst = max(range(len(gaps)), key=lambda i: (math.isnan(gaps[i]), gaps[i]))
+    if not gaps[worst] <= band:
+        raise NumericsError(f"{what}: step {worst} loss {losses[worst]:.4f} is {gaps[worst]:.1%} from the "
+                            f"reference {reference[worst]:.4f}; the band is {band:.1%}")
+    return gaps[worst]

@@ -79,5 +79,22 @@ class DropsBias(EmulatedBackend):
         return y + 0 * bias.sum() if bias is not None else y
 
 
+class GarbageUnlessKMod256(EmulatedBackend):
+    """Returns garbage, with no error, when K % 256 != 0 (aiter#4176: gemm_a4w4, relative
+    error 1e3 to 1e7); its linear runs the reference Function on that GEMM, as adapters do."""
+
+    name = "bad-k-mod-256"
+
+    def gemm(self, a, b, **kw):
+        out = super().gemm(a, b, **kw)
+        k = (a.shape if hasattr(a, "shape") else a.codes.shape)[-1]
+        return out.flip(-1) * 1e3 if k % 256 else out
+
+    def linear(self, x, weight, bias, recipe):
+        from mxcheck.functions import quant_linear  # noqa: PLC0415
+
+        return quant_linear(x, weight, bias, recipe, gemm=self.gemm)
+
+
 KNOWN_BAD: dict[str, type[Any]] = {c.name: c for c in (NibbleSwap, WrongScaleRule, StaleWeight, Bf16Fallback,
-                                                        NanToZero, DropsBias)}
+                                                        NanToZero, DropsBias, GarbageUnlessKMod256)}

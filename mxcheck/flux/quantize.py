@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from mxcheck import backends
+from mxcheck.backends.emulated import EmulatedBackend
 from mxcheck.functions import make_delayed_states, quant_linear
 from mxcheck.recipes import Recipe, get_recipe
 
@@ -34,9 +35,10 @@ DEFAULT_INCLUDE = (
 class QuantLinear(nn.Module):
     """``y = x W^T + b`` through a recipe's quantized GEMMs on a backend.
 
-    Quantization is the oracle's (``quant_linear``); the GEMMs run on ``backend.gemm``
-    when the backend has one (hardware GEMMs inside the reference Function), else the
-    whole linear is ``backend.linear`` (a vendor module such as TransformerEngine's).
+    A backend with its own ``linear`` (TransformerEngine's module, a seeded-bug backend)
+    runs the whole layer; a GEMM-only backend (Triton, ``torch._scaled_mm``) runs its GEMMs
+    inside the reference Function on the oracle's quantized operands; the emulated backend
+    is the reference Function itself (with the layer's name in its errors).
     """
 
     def __init__(self, linear: nn.Linear, recipe: Recipe, backend: Any, layer: str,
@@ -50,11 +52,12 @@ class QuantLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         backend = self.backend
-        if backend.name != "emulated" and not hasattr(backend, "gemm"):
-            return backend.linear(x, self.weight, self.bias, self.recipe)
-        gemm = None if backend.name == "emulated" else backend.gemm
-        return quant_linear(x, self.weight, self.bias, self.recipe, layer=self.layer,
-                            generator=self.generator, states=self.states, gemm=gemm)
+        oracle = type(backend) is EmulatedBackend
+        if oracle or not hasattr(backend, "linear"):
+            return quant_linear(x, self.weight, self.bias, self.recipe, layer=self.layer,
+                                generator=self.generator, states=self.states,
+                                gemm=None if oracle else backend.gemm)
+        return backend.linear(x, self.weight, self.bias, self.recipe)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
@@ -76,6 +79,8 @@ def quantize_model(model: nn.Module, recipe: str | Recipe, backend: Any = "emula
     """
     recipe = get_recipe(recipe)
     backend = backends.get(backend) if isinstance(backend, str) else backend
+    if not (hasattr(backend, "linear") or hasattr(backend, "gemm")):
+        raise ValueError(f"backend {backend.name} has neither linear nor gemm; it cannot run a linear")
     ok, why = backend.supports(recipe)
     if not ok:
         raise ValueError(f"backend {backend.name} does not support recipe {recipe.name}: {why}")

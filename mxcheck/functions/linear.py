@@ -90,7 +90,11 @@ class OperandQuantizer:
             device = self.generator.device if self.generator is not None else t.device
             rand = torch.randint(0, 256, tuple(t.shape), dtype=torch.uint8, generator=self.generator,
                                  device=device).to(t.device)
-        return quantize_operand(t.contiguous(), spec, rand=rand, state=state)
+        try:
+            return quantize_operand(t.contiguous(), spec, rand=rand, state=state)
+        except ValueError as e:  # e.g. a token count the block size does not tile (wgrad K = M)
+            raise ValueError(f"layer {self.layer}: recipe {self.recipe.name} cannot quantize {operand} "
+                             f"(shape {tuple(t.shape)}): {e}") from e
 
 
 # The three GEMMs and the bias gradient, shared with the fused MLP so the two agree bit for bit.

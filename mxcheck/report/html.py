@@ -3,6 +3,10 @@
 The tables follow the Markdown layout (rows come from ``markdown.group_rows``). Each
 (recipe, backend) gets a plot of SNR per layer and direction with each check's threshold
 drawn beside it, and the baseline's SNR as hollow markers when a baseline is given.
+A report that carries block statistics (``mxcheck.stats``: ``BlockStats.to_json()`` or
+``StatsProbe.to_json()`` entries under the top-level ``block_stats`` key, which
+``Report`` keeps as an unknown key) gets a section with their table and, per operand,
+histograms of scale exponents and per-block SNR.
 matplotlib is optional (``pip install mxcheck[plots]``) and loaded only here, through its
 Agg canvas and never pyplot, so rendering changes no global backend state.
 """
@@ -32,7 +36,9 @@ from mxcheck.report.markdown import (
 )
 from mxcheck.report.schema import DIRECTIONS, Report
 
-__all__ = ["render_html", "snr_figure"]
+__all__ = ["BLOCK_STATS_KEY", "block_stats_figure", "render_html", "snr_figure"]
+
+BLOCK_STATS_KEY = "block_stats"
 
 _CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222;max-width:1400px}
@@ -85,12 +91,6 @@ def snr_figure(title: str, rows: list[Row],
     ``base_snr`` maps ``match_key`` to the baseline's SNR. The data artists carry a gid
     ("snr", "threshold", "baseline", "failed") so a test can read back what was drawn.
     """
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415
-        from matplotlib.figure import Figure  # noqa: PLC0415
-    except ImportError as e:
-        raise ImportError(f"render_html draws its plots with matplotlib, which is not "
-                          f"installed ({e}); pip install mxcheck[plots]") from e
     rows = [row for row in rows if row.record.snr_db is not None]
     if not rows:
         return None
@@ -101,8 +101,7 @@ def snr_figure(title: str, rows: list[Row],
     values += [base_snr[k] for k in (match_key(row.record) for row in rows) if k in base_snr]
     lo, hi = _limits(values)
 
-    fig = Figure(figsize=(min(16.0, max(7.0, 2.0 + 0.45 * len(labels))), 4.2))
-    FigureCanvasAgg(fig)
+    fig = _figure(min(16.0, max(7.0, 2.0 + 0.45 * len(labels))), 4.2)
     ax = fig.add_subplot()
     _draw_points(ax, rows, slot, base_snr, lo, hi)
     # "$" starts mathtext in matplotlib; a literal one in a test id must not.
@@ -117,11 +116,26 @@ def snr_figure(title: str, rows: list[Row],
     return fig
 
 
+def _figure(width: float, height: float) -> Any:
+    """A matplotlib Figure on its own Agg canvas (no pyplot, no global state)."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415
+        from matplotlib.figure import Figure  # noqa: PLC0415
+    except ImportError as e:
+        raise ImportError(f"render_html draws its plots with matplotlib, which is not "
+                          f"installed ({e}); pip install mxcheck[plots]") from e
+    fig = Figure(figsize=(width, height))
+    FigureCanvasAgg(fig)
+    return fig
+
+
 def _plot_png(title: str, rows: list[Row], base_snr: dict[tuple[str, ...], float]) -> str | None:
     """``snr_figure`` as base64 PNG text for a data: URL."""
     fig = snr_figure(title, rows, base_snr)
-    if fig is None:
-        return None
+    return None if fig is None else _png(fig)
+
+
+def _png(fig: Any) -> str:
     buf = io.BytesIO()
     # No "Software" metadata: the same report renders to the same bytes.
     fig.savefig(buf, format="png", dpi=90, bbox_inches="tight", metadata={"Software": None})
@@ -186,6 +200,66 @@ def _legend_keys(ax: Any, threshold: bool, baseline: bool, failed: bool,
                    label="baseline")
     if failed:
         ax.scatter([], [], s=110, facecolors="none", edgecolors="#d00", label="failed")
+
+
+def _histogram(ax: Any, hist: dict[str, Any], gid: str, title: str, xlabel: str) -> None:
+    points = sorted((int(k), int(v)) for k, v in hist.items())
+    if points:
+        ax.bar(*zip(*points, strict=True), width=0.85, color="#1f77b4", gid=gid)
+    ax.set_title(title, fontsize=9)
+    ax.set_xlabel(xlabel, fontsize=8)
+    ax.set_ylabel("blocks", fontsize=8)
+    ax.tick_params(labelsize=7)
+
+
+def block_stats_figure(name: str, stats: dict[str, Any]) -> Any:
+    """Two bar charts of one operand's ``BlockStats.to_json()``: blocks per scale exponent
+    (gid "scale_exponents") and per floor(block SNR dB) (gid "block_snr")."""
+    fig = _figure(9.0, 2.8)
+    left, right = fig.subplots(1, 2)
+    _histogram(left, stats.get("scale_exponents", {}), "scale_exponents",
+               "scale exponent", "exponent (binade of the block scale)")
+    exact = stats.get("exact_blocks", 0)
+    _histogram(right, stats.get("snr_histogram", {}), "block_snr",
+               "block SNR" + (f" ({exact} exact blocks not drawn)" if exact else ""), "SNR (dB)")
+    fig.suptitle(name.replace("$", r"\$"), fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def _block_stats_entries(report: Report) -> list[tuple[str, dict[str, Any]]]:
+    raw = report.unknown.get(BLOCK_STATS_KEY)
+    # Report.merge keeps differing values of an unknown key as a list of them.
+    groups = raw if isinstance(raw, list) else [raw]
+    return [(str(k), v) for g in groups if isinstance(g, dict) for k, v in sorted(g.items())
+            if isinstance(v, dict)]
+
+
+def _stat(stats: dict[str, Any], key: str, pct: bool = False) -> str:
+    v = stats.get(key)
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+        return f"{100 * v:.2f}%" if pct else f"{v:.2f}"
+    return "–" if v is None else str(v)
+
+
+def _block_stats_section(entries: list[tuple[str, dict[str, Any]]]) -> str:
+    header = ["operand", "format", "block", "saturated", "overflow", "flushed", "SNR dB",
+              "p1 block SNR dB"]
+    rows = []
+    for name, s in entries:
+        block = "×".join(map(str, s.get("block", []))) or "–"
+        cells = [f"<td>{escape(name)}</td>",
+                 f"<td>{escape(str(s.get('fmt', '–')))} {escape(str(s.get('scaling', '')))}</td>",
+                 _num(block), _num(_stat(s, "saturated_fraction", True)),
+                 _num(_stat(s, "overflow_fraction", True)), _num(_stat(s, "flushed_fraction", True)),
+                 _num(_stat(s, "snr_db")), _num(_stat(s.get("snr_db_quantiles", {}), "p1"))]
+        rows.append(f"<tr>{''.join(cells)}</tr>")
+    head = "".join(f"<th>{escape(h)}</th>" for h in header)
+    images = [f'<img alt="{escape(name)}: block statistics" '
+              f'src="data:image/png;base64,{_png(block_stats_figure(name, s))}">' for name, s in entries]
+    return (f'<section id="block-stats">\n<h2>Block statistics ({len(entries)} operands)</h2>\n'
+            f"<table>\n<tr>{head}</tr>\n" + "\n".join(rows) + "\n</table>\n"
+            + "\n".join(images) + "\n</section>")
 
 
 def _num(text: str, bad: bool = False) -> str:
@@ -274,6 +348,9 @@ def render_html(report: Report, baseline: Report | None = None,
         parts.append(f"<p>{escape(baseline_summary(c))}</p>")
     parts += [_group_section(name, rows, c, base_snr)
               for name, rows in group_rows(report, c).items()]
+    entries = _block_stats_entries(report)
+    if entries:
+        parts.append(_block_stats_section(entries))
     if c is not None and c.removed:
         parts.append(f"<h2>In the baseline, missing from this run ({len(c.removed)})</h2>")
         parts.append(_key_value_table(

@@ -19,6 +19,7 @@ EXPECTED = {
     "bad-bf16-fallback": ("mxfp4", "linear"),
     "bad-nan-to-zero": ("fp8", "nan"),
     "bad-drops-bias": ("mxfp8", "linear"),
+    "bad-k-mod-256": ("mxfp4", "edge_shapes"),
 }
 
 

@@ -1,0 +1,73 @@
+"""Edge shapes (Flux img_in K=64, final layer N=64, modulation M=batch, K%256, K%32, M%16/32/128):
+every backend and recipe computes correctly or raises a clear error naming the dim."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mxcheck.assertions import NumericsError
+from mxcheck.backends.emulated import EmulatedBackend
+from mxcheck.backends.known_bad import KNOWN_BAD
+from mxcheck.conformance import EDGE_SHAPES, LINEAR_SNR_FLOORS, edge_shape_outcome
+from mxcheck.flux import flux_linear_shapes, unique_gemms
+from mxcheck.recipes import RECIPES
+
+pytestmark = pytest.mark.emulated
+
+
+@pytest.mark.parametrize("name", sorted(EDGE_SHAPES))
+@pytest.mark.parametrize("recipe", sorted(LINEAR_SNR_FLOORS))
+def test_edge_shape_is_correct_or_a_clear_error(backend, recipe, name, gen, numerics):
+    ok, why = backend.supports(RECIPES[recipe])
+    if not ok:
+        pytest.skip(f"backend {backend.name} does not support {recipe}: {why}")
+    outcome = edge_shape_outcome(backend, RECIPES[recipe], name, gen, numerics)
+    if not outcome or all(o.startswith("n/a") for o in outcome.values()):
+        pytest.skip(f"{name}: nothing to run on backend {backend.name}: {outcome}")
+    assert all(o == "correct" or o.startswith(("raised: ", "n/a: ")) for o in outcome.values()), outcome
+
+
+def test_flux_edges_are_in_the_flux_table():
+    gemms = unique_gemms(flux_linear_shapes("flux-12b", 2, 256, 256, replaced_only=False))
+    fwd = {(m, n, k) for (d, m, n, k) in gemms if d == "fwd"}
+    assert any(k == 64 for _, _, k in fwd)  # img_in
+    assert any(n == 64 for _, n, _ in fwd)  # final_layer.linear
+    assert any(m == 2 for m, _, _ in fwd)  # modulation at batch 2
+    assert any(d == "wgrad" and k == 2 for (d, _, _, k) in gemms)  # wgrad contracts over the batch
+
+
+def test_the_k_mod_256_garbage_backend_is_caught_only_off_256():
+    bad = KNOWN_BAD["bad-k-mod-256"]()
+    with pytest.raises(NumericsError, match="fp32-accumulation bound"):
+        edge_shape_outcome(bad, RECIPES["mxfp4"], "K384-Kmod256", torch.Generator().manual_seed(0))
+    assert edge_shape_outcome(EmulatedBackend(), RECIPES["mxfp4"], "K384-Kmod256",
+                              torch.Generator().manual_seed(0)) == {"gemm": "correct", "linear": "correct"}
+
+
+class _GemmRaises:
+    """A GEMM-only backend whose gemm raises ``error`` (its linear is the reference Function on it)."""
+
+    name = "raises"
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def gemm(self, a, b, **kw):
+        raise self.error
+
+
+@pytest.mark.parametrize(("error", "verdict"), [
+    (ValueError("gemm: K=96 is not a multiple of 256"), "raised: ValueError"),
+    (NotImplementedError("rows must be a multiple of 16, got 13"), "raised: NotImplementedError"),
+    (RuntimeError("CUDA error: an illegal memory access"), "not ValueError/TypeError/NotImplementedError"),
+    (ValueError("unsupported shape"), "without naming M, N or K"),
+], ids=["names-K", "names-value", "runtime-error", "names-nothing"])
+def test_an_error_must_be_a_clear_one(error, verdict):
+    backend, gen = _GemmRaises(error), torch.Generator().manual_seed(0)
+    if verdict.startswith("raised"):
+        outcome = edge_shape_outcome(backend, RECIPES["fp8"], "M13", gen)
+        assert set(outcome.values()) == {f"{verdict}: {error}"}, outcome
+    else:
+        with pytest.raises(NumericsError, match=verdict):
+            edge_shape_outcome(backend, RECIPES["fp8"], "M13", gen)
