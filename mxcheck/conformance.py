@@ -281,8 +281,8 @@ def check_poison_padding(backend: Any, recipe: Recipe, gen: torch.Generator, num
                 return f"backend quantize refuses {name} {tuple(t.shape)}: {e}"
             for field in ("codes", "scales", "block_scales", "scale_inv"):
                 if hasattr(ours, field):  # the padded region included
-                    _bitwise(numerics, getattr(theirs, field), getattr(ours, field), layer=f"{name}.{field}",
-                             direction="quantize (poisoned allocator)", **ctx)
+                    _bitwise(numerics, getattr(theirs, field), getattr(ours, field), layer=f"{name}.{field} (poisoned allocator)",
+                             direction="quantize", **ctx)
         done.append("quantize")
     if hasattr(backend, "gemm"):
         a, b = _fwd_operands(recipe, x, w)
@@ -363,9 +363,8 @@ def check_poison_guard_tiles(backend: Any, recipe: Recipe, gen: torch.Generator,
         read = []
         for q, blob, sblob, rows, name in ((a, ab, asb, m, "a"), (b, bb, bsb, n, "b")):
             codes, scales = unpack_mxfp6_blob(blob, sblob, rows, k)
-            _bitwise(numerics, codes, q.codes, layer=f"{name}: blob codes read past poison", direction="layout", **ctx)
-            _bitwise(numerics, scales, q.scales, layer=f"{name}: blob scales read past poison", direction="layout",
-                     **ctx)
+            _bitwise(numerics, codes, q.codes, layer=f"{name}: blob codes read past poison", **ctx)
+            _bitwise(numerics, scales, q.scales, layer=f"{name}: blob scales read past poison", **ctx)
             read.append(dataclasses.replace(q, codes=codes, scales=scales))
         got = backend.gemm(*read, out_dtype=torch.bfloat16)
     _bitwise(numerics, got, clean, layer="guard tiles 0xFF", direction="fwd", **ctx)
@@ -463,6 +462,8 @@ def _edge_linear(backend: Any, recipe: Recipe, gen: torch.Generator, numerics: A
         ref = {"fwd": xd @ wd.T + b0.double(), "dgrad": dy.double() @ wd, "wgrad": dy.double().T @ xd}
         floor, layer = LINEAR_SNR_FLOORS.get(recipe.name, 10.0), "vs float64 truth"
     for direction, r in ref.items():
+        if got[direction] is None:
+            raise NumericsError(f"linear of recipe {recipe.name} at M={m} N={n} K={k} gave no {direction}")
         _snr(numerics, got[direction].double(), r.double(), floor, recipe=recipe.name,
              layer=f"edge {name}: {layer}", direction=direction, m=m, n=n, k=k)
     return "correct"

@@ -24,10 +24,12 @@ from typing import Any
 
 import torch
 
-from mxcheck.gemm import QTensor, emulated_gemm, quantize_operand
+from mxcheck.gemm import PlainTensor, QTensor, emulated_gemm, quantize_operand
+from mxcheck.ops import announce_gemm, announce_quantize, oracle_scope
 from mxcheck.recipes import OPERANDS, Recipe, get_recipe
 from mxcheck.scaling import DelayedScaling
 from mxcheck.scaling.fp8 import FP8_GRANULARITIES
+from mxcheck.scaling.nvfp4 import NVFP4Tensor
 
 __all__ = [
     "QuantLinearFunction",
@@ -90,28 +92,55 @@ class OperandQuantizer:
             device = self.generator.device if self.generator is not None else t.device
             rand = torch.randint(0, 256, tuple(t.shape), dtype=torch.uint8, generator=self.generator,
                                  device=device).to(t.device)
+        announce_quantize(t, self.layer, operand, spec.fmt, spec.scaling, spec.scale_rule, spec.block_size,
+                          spec.rounding)
         try:
-            return quantize_operand(t.contiguous(), spec, rand=rand, state=state)
+            with oracle_scope():
+                return quantize_operand(t.contiguous(), spec, rand=rand, state=state)
         except ValueError as e:  # e.g. a token count the block size does not tile (wgrad K = M)
             raise ValueError(f"layer {self.layer}: recipe {self.recipe.name} cannot quantize {operand} "
                              f"(shape {tuple(t.shape)}): {e}") from e
+
+
+    def run_gemm(self, direction: str, a: QTensor, b: QTensor, **kw: Any) -> torch.Tensor:
+        """The layer's GEMM, announced as ``mxcheck::gemm``; the oracle's runs in oracle_scope."""
+        oracle = self.gemm is emulated_gemm
+        backend = "emulated" if oracle else getattr(getattr(self.gemm, "__self__", None), "name",
+                                                     getattr(self.gemm, "__name__", "gemm"))
+        announce_gemm(_codes(a), self.layer, direction, _fmt(a), _fmt(b), backend)
+        if not oracle:  # a backend's own ops (aten::_scaled_mm, ...) stay visible to tracers
+            return self.gemm(a, b, **kw)
+        with oracle_scope():
+            return self.gemm(a, b, **kw)
+
+
+def _codes(q: QTensor) -> torch.Tensor:
+    """What a quantized operand stores per element: codes, or a plain operand's values."""
+    return q.codes if hasattr(q, "codes") else q.value
+
+
+def _fmt(q: QTensor) -> str:
+    """The element format a GEMM operand carries (NVFP4 is always e2m1)."""
+    if isinstance(q, PlainTensor):
+        return str(q.value.dtype).removeprefix("torch.")
+    return "e2m1" if isinstance(q, NVFP4Tensor) else q.fmt.name
 
 
 # The three GEMMs and the bias gradient, shared with the fused MLP so the two agree bit for bit.
 
 def linear_fwd(q: OperandQuantizer, x2d: torch.Tensor, w: torch.Tensor,
                bias: torch.Tensor | None) -> torch.Tensor:
-    return q.gemm(q("x_row", x2d), q("w_row", w), out_dtype=q.recipe.out_dtype, bias=bias)
+    return q.run_gemm("fwd", q("x_row", x2d), q("w_row", w), out_dtype=q.recipe.out_dtype, bias=bias)
 
 
 def linear_dgrad(q: OperandQuantizer, g2d: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    return q.gemm(q("g_row", g2d), q("w_col", w.t()), out_dtype=q.recipe.out_dtype)
+    return q.run_gemm("dgrad", q("g_row", g2d), q("w_col", w.t()), out_dtype=q.recipe.out_dtype)
 
 
 def linear_wgrad(q: OperandQuantizer, g2d: torch.Tensor, x2d: torch.Tensor,
                  out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    return q.gemm(q("g_col", g2d.t()), q("x_col", x2d.t()),
-                  out_dtype=out_dtype or q.recipe.out_dtype)
+    return q.run_gemm("wgrad", q("g_col", g2d.t()), q("x_col", x2d.t()),
+                      out_dtype=out_dtype or q.recipe.out_dtype)
 
 
 def bias_grad(g2d: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

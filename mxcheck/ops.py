@@ -1,0 +1,57 @@
+"""mxcheck's quantize and GEMM as ``torch.library`` custom ops, so a dispatch mode sees them.
+
+The reference Function announces every operand it quantizes (``mxcheck::quantize``) and
+every GEMM it runs (``mxcheck::gemm``) through the dispatcher, with the tensor acted on,
+the layer, the operand or direction, and the format, scaling and scale rule actually
+applied. ``mxcheck.manifest.trace_precision`` (or a profiler, or any TorchDispatchMode)
+reads them there. The aten ops that make up the oracle's own arithmetic run inside
+``oracle_scope()`` so a tracer can tell them from a layer's real bf16 GEMM.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+
+import torch
+
+__all__ = ["announce_gemm", "announce_quantize", "in_oracle", "oracle_scope"]
+
+_local = threading.local()
+
+
+@contextlib.contextmanager
+def oracle_scope() -> Iterator[None]:
+    """Marks the aten ops run inside as the oracle's emulation, not a layer's own GEMM."""
+    _local.depth = getattr(_local, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _local.depth -= 1
+
+
+def in_oracle() -> bool:
+    return getattr(_local, "depth", 0) > 0
+
+
+@torch.library.custom_op("mxcheck::quantize", mutates_args=())
+def _quantize(x: torch.Tensor, layer: str, operand: str, fmt: str, scaling: str, scale_rule: str,
+              block_size: int, rounding: str) -> None:
+    return None
+
+
+@torch.library.custom_op("mxcheck::gemm", mutates_args=())
+def _gemm(a: torch.Tensor, layer: str, direction: str, a_fmt: str, b_fmt: str, backend: str) -> None:
+    return None
+
+
+def announce_quantize(x: torch.Tensor, layer: str, operand: str, fmt: str, scaling: str, scale_rule: str,
+                      block_size: int, rounding: str) -> None:
+    """Dispatch ``mxcheck::quantize`` for an operand about to be quantized."""
+    torch.ops.mxcheck.quantize(x, layer, operand, fmt, scaling, scale_rule, block_size, rounding)
+
+
+def announce_gemm(a: torch.Tensor, layer: str, direction: str, a_fmt: str, b_fmt: str, backend: str) -> None:
+    """Dispatch ``mxcheck::gemm`` for a GEMM about to run (``a``: its first operand's codes)."""
+    torch.ops.mxcheck.gemm(a, layer, direction, a_fmt, b_fmt, backend)
