@@ -713,6 +713,48 @@ def run_stats(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---- thresholds ------------------------------------------------------------------------
+
+
+def _thresholds_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--k", type=_positive_int("k"), nargs="+", default=[256, 3072, 12288], metavar="K",
+                   help="contraction lengths to measure. Default: %(default)r")
+    p.add_argument("--fmt", nargs="+", default=["e2m1", "e2m3", "e3m2", "e4m3", "e5m2"], metavar="FMT",
+                   help="MX element formats. Default: %(default)r")
+    p.add_argument("--rows", type=_positive_int("rows"), default=128, metavar="N",
+                   help="rows of each randn operand. Default: %(default)r")
+    p.add_argument("--seed", type=int, default=0, metavar="N", help="input seed. Default: %(default)r")
+    _add_json_flag(p)
+
+
+def run_thresholds(args: argparse.Namespace) -> int:
+    from mxcheck import thresholds as th  # noqa: PLC0415
+
+    try:
+        rows = th.threshold_table(tuple(args.fmt), ks=tuple(args.k), rows=args.rows, seed=args.seed)
+    except ValueError as e:
+        raise CommandError(str(e)) from None
+    floors = {"quantize": th.QUANTIZE_FLOORS, "gemm": th.GEMM_FLOORS, "linear": th.LINEAR_SNR_FLOORS}
+    if args.json:
+        _out(_json({"measured": [dict(r.__dict__, margin_db=r.margin_db) for r in rows],
+                    "floors": {kind: {k: {"db": f.db, "reason": f.reason} for k, f in table.items()}
+                               for kind, table in floors.items()},
+                    "bgrad_floor_db": th.BGRAD_FLOOR_DB}))
+        return 0
+    table = [["fmt", "rule", "K", "quantize dB", "floor", "GEMM dB", "floor", "fp32 acc. ceiling dB", "margin"]]
+    table += [[r.fmt, r.scale_rule, str(r.k), f"{r.quantize_snr_db:.2f}", f"{r.quantize_floor_db:.1f}",
+               f"{r.gemm_snr_db:.2f}", f"{r.gemm_floor_db:.1f}", f"{r.accumulation_ceiling_db:.1f}",
+               f"{r.margin_db:+.2f}"] for r in rows]
+    lines = [f"Measured SNR against float64 on randn ({args.rows} x K, seed {args.seed}) and the floors the "
+             "suite asserts:", _table(table)]
+    for kind, entries in floors.items():
+        lines.append(f"{kind} floors:")
+        lines.append(_table([[key, f"{f.db:.1f} dB", f.reason] for key, f in entries.items()]))
+    lines.append(f"bias gradient floor: {th.BGRAD_FLOOR_DB:.1f} dB\n")
+    _out("\n".join(lines))
+    return 0
+
+
 # ---- the table of subcommands --------------------------------------------------------
 
 
@@ -739,6 +781,8 @@ COMMANDS: dict[str, Command] = {
     "shapes": Command("every Flux linear's fwd/dgrad/wgrad GEMM (M, N, K)", _shapes_args, run_shapes),
     "sweep": Command("every unique Flux linear shape through each recipe, SNR against float64 "
                      "truth; exit 1 on a failed record", _sweep_args, run_sweep_command),
+    "thresholds": Command("measured SNR per format, scale rule and K, with the floors the suite "
+                          "uses", _thresholds_args, run_thresholds),
     "aiter-log": Command("count AITER tuned-config hits and misses per shape; exit 1 on a "
                          "miss", _aiter_log_args, run_aiter_log),
     "stats": Command("per-block statistics of a quantized operand (saturation, flush to zero, "

@@ -269,7 +269,6 @@ def check_poison_padding(backend: Any, recipe: Recipe, gen: torch.Generator, num
     ctx = {"recipe": recipe.name, "m": m, "n": n, "k": k}
     x = torch.randn(m, k, generator=gen).to(dev)
     w = (torch.randn(n, k, generator=gen) / k**0.5).to(dev)
-    done = []
     if hasattr(backend, "quantize"):
         for name, t in (("x_row", x), ("w_row", w)):
             spec = recipe.spec(name)
@@ -281,9 +280,8 @@ def check_poison_padding(backend: Any, recipe: Recipe, gen: torch.Generator, num
                 return f"backend quantize refuses {name} {tuple(t.shape)}: {e}"
             for field in ("codes", "scales", "block_scales", "scale_inv"):
                 if hasattr(ours, field):  # the padded region included
-                    _bitwise(numerics, getattr(theirs, field), getattr(ours, field), layer=f"{name}.{field} (poisoned allocator)",
-                             direction="quantize", **ctx)
-        done.append("quantize")
+                    _bitwise(numerics, getattr(theirs, field), getattr(ours, field),
+                             layer=f"{name}.{field} (poisoned allocator)", direction="quantize", **ctx)
     if hasattr(backend, "gemm"):
         a, b = _fwd_operands(recipe, x, w)
         try:
@@ -563,6 +561,9 @@ def check_sr_unbiased(backend: Any, recipe: Recipe, gen: torch.Generator, numeri
     bad = ~((mean - exact).abs() <= bound)
     ctx = {"recipe": recipe.name, "layer": f"SR mean of {SR_DRAWS} draws vs exact", "direction": "dgrad",
            "m": m, "n": n, "k": n}
+    if not float(var.sum()):
+        raise NumericsError(f"recipe {recipe.name}: the oracle's g_row SR gives the same value with u=0 and "
+                            "u=255/256 at every element: its random bits are ignored")
     # Recorded floor: the SNR of a mean that is off by SR_SIGMAS standard errors everywhere.
     floor = 10 * math.log10(float((exact**2).sum()) / (SR_SIGMAS**2 * float(var.sum()) / SR_DRAWS))
     if bad.any():

@@ -28,7 +28,7 @@ DATA = ROOT / "tests" / "test_report"
 SMALL = DATA / "small.json"
 BASELINE = DATA / "baseline.json"
 COMMAND_NAMES = ["info", "formats", "report", "compare", "divergence", "lint", "tuned-coverage",
-                 "aiter-log", "shapes", "sweep", "stats"]
+                 "aiter-log", "shapes", "sweep", "thresholds", "stats"]
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

@@ -74,3 +74,25 @@ def test_emulated_gemm_bf16_fast_path_within_fp32_bound_of_exact(fmt, rule, gen)
     exact = emulated_gemm(a, b, out_dtype=torch.float64, accumulate=torch.float64).cpu()
     da, db = a.dequantize().double().abs().cpu(), b.dequantize().double().abs().cpu()
     assert ((got - exact).abs() <= 512 * 2.0**-24 * (da @ db.T)).all()
+
+
+@pytest.mark.parametrize("fmt", MX_ELEMENT_FORMATS)
+def test_triton_bf16_dequantize_equals_float32_path_on_every_byte(fmt, gen):
+    """The fused Triton dequantization gives the float32 path's values rounded once to bf16,
+    for every code and every E8M0 byte (0 = 2**-127, 254, 255 = NaN), padded or not."""
+    pytest.importorskip("triton")
+    from mxcheck.formats import decode_table, get_format
+    from mxcheck.scaling.mx import MXTensor
+    from mxcheck.scaling.mx_cuda import dequantize_bf16
+
+    f = get_format(fmt)
+    codes = torch.randint(0, 2**f.bits, (64, 256), generator=gen, dtype=torch.int32).to(torch.uint8)
+    scales = torch.arange(512, dtype=torch.int32).remainder(256).reshape(64, 8).to(torch.uint8)
+    q = MXTensor(codes.cuda(), scales.cuda(), f, 32, 1, (64, 250), "floor", "rne")
+    want = q.dequantize(padded=True, dtype=torch.float32).to(torch.bfloat16)
+    got = dequantize_bf16(q.codes, q.scales, decode_table(f, "cuda"), 32)
+    assert got is not None
+    torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+    unpadded = q.dequantize(dtype=torch.bfloat16)  # through MXTensor: the fused path
+    assert unpadded.shape == (64, 250)
+    torch.testing.assert_close(unpadded, want[:, :250], rtol=0, atol=0, equal_nan=True)

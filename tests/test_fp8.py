@@ -13,6 +13,7 @@ import torch
 
 import mxcheck
 from mxcheck.scaling.fp8 import FP8_FORMATS, fp8_quantize
+from mxcheck.thresholds import quantize_floor
 
 pytestmark = pytest.mark.emulated
 
@@ -307,7 +308,7 @@ def test_nan_and_inf_elements_saturate_or_stay_nan():
 
 # Measured on 256x256 standard normal data, all granularities: e4m3 and e4m3fnuz 31.5-31.9 dB,
 # e5m2 and e5m2fnuz 25.5-25.8 dB; the floors are DESIGN.md's 25 / 20 dB anchors.
-SNR_FLOOR = {"e4m3": 25.0, "e5m2": 20.0, "e4m3fnuz": 25.0, "e5m2fnuz": 20.0}
+SNR_FLOOR = {fmt: quantize_floor(f"fp8/{fmt}") for fmt in ("e4m3", "e5m2", "e4m3fnuz", "e5m2fnuz")}
 
 
 @pytest.mark.parametrize("granularity", ["tensor", "row", "block1x128", "block128x128"])

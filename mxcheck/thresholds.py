@@ -1,0 +1,165 @@
+"""SNR floors with their reasons, and the measurements that justify them.
+
+Every floor the suite asserts lives here, next to what the oracle measures on Gaussian
+data (float64 truth), so a reader can see the margin. A floor sits well under the
+measured value: it catches a wrong scale rule, a missing rotation or a nibble swap (tens
+of dB), not noise. ``measure`` recomputes the numbers; ``mxcheck thresholds`` prints them
+per format, scale rule and K; ``tests/test_thresholds.py`` holds every floor at least
+``MIN_MARGIN_DB`` under the live measurement.
+
+Accumulation: a float32 sum of K products has a worst-case error K * 2**-24 * sum|a b|
+(what ``conformance.check_gemm`` asserts) and a typical one that grows with sqrt(K);
+``accumulation_snr_ceiling_db(k)`` is that typical limit, far above every floor here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from mxcheck.metrics import snr_db
+
+__all__ = [
+    "BGRAD_FLOOR_DB",
+    "GEMM_FLOORS",
+    "LINEAR_SNR_FLOORS",
+    "MIN_MARGIN_DB",
+    "QUANTIZE_FLOORS",
+    "Floor",
+    "ThresholdRow",
+    "accumulation_snr_ceiling_db",
+    "fp32_accumulation_bound",
+    "gemm_floor",
+    "linear_floor",
+    "measure",
+    "quantize_floor",
+    "threshold_table",
+]
+
+MIN_MARGIN_DB = 1.5
+
+
+@dataclass(frozen=True)
+class Floor:
+    db: float
+    reason: str
+
+
+# Quantize-dequantize SNR of randn data against float64, keyed "scaling/fmt" (or mode).
+QUANTIZE_FLOORS: dict[str, Floor] = {
+    "mx/e2m1": Floor(15.0, "measured 16.8 (ceil) to 19.0 (even) dB; DESIGN.md anchor: MXFP4 > 10"),
+    "mx/e2m3": Floor(26.0, "measured 28.8 (ceil) to 31.0 dB"),
+    "mx/e3m2": Floor(22.0, "measured 25.4 to 25.6 dB"),
+    "mx/e4m3": Floor(27.0, "measured 30.7 (floor) to 31.5 (rceil) dB"),
+    "mx/e5m2": Floor(22.0, "measured 25.4 to 25.6 dB"),
+    "nvfp4/1x16": Floor(18.5, "measured 20.4 dB (E4M3 block scale, fp32 global)"),
+    "nvfp4/16x16": Floor(17.0, "measured ~19 dB (2D 16x16 weight tiles)"),
+    "nvfp4/1x16+h16_te": Floor(18.5, "measured ~20 dB with TE's fixed-sign H16"),
+    "fp8/e4m3": Floor(25.0, "measured 31.5 dB tensorwise; DESIGN.md anchor e4m3 > 25"),
+    "fp8/e5m2": Floor(20.0, "measured 25.6 dB tensorwise; DESIGN.md anchor e5m2 > 20"),
+    "fp8/e4m3fnuz": Floor(25.0, "as e4m3 (one more binade, same mantissa)"),
+    "fp8/e5m2fnuz": Floor(20.0, "as e5m2"),
+}
+
+# SNR of the MX GEMM of two quantized randn operands against the float64 product of the
+# unquantized ones: both operands' noise adds, about 3 dB under the quantize SNR.
+GEMM_FLOORS: dict[str, Floor] = {
+    "mx/e2m1": Floor(12.0, "measured 13.8 (ceil) to 16.1 (even) dB, flat in K"),
+    "mx/e2m3": Floor(23.0, "measured 25.8 (ceil) to 28.1 dB"),
+    "mx/e3m2": Floor(19.0, "measured 22.3 to 22.6 dB"),
+    "mx/e4m3": Floor(24.0, "measured 27.7 (floor) to 28.6 (rceil) dB"),
+    "mx/e5m2": Floor(19.0, "measured 22.3 to 22.6 dB"),
+}
+
+# fwd / dgrad / wgrad SNR of a whole quantized linear against float64 truth (randn inputs,
+# weights scaled 1/sqrt(K)); measured at M=N=256, K=512 and at every Flux 12B shape.
+LINEAR_SNR_FLOORS: dict[str, Floor] = {
+    "mxfp4": Floor(10.0, "measured 15.1-16.0 dB; DESIGN.md anchor MXFP4 GEMM > 10"),
+    "mxfp4-fp8bwd": Floor(10.0, "forward as mxfp4 (15.5 dB); e5m2 backward 24.5 dB"),
+    "mxfp6": Floor(20.0, "measured 27.9-28.0 dB; DESIGN.md anchor MXFP6 > 24 on a GEMM"),
+    "fp8": Floor(25.0, "measured 28.5 dB; DESIGN.md anchor e4m3 > 25"),
+    "fp8-hybrid": Floor(20.0, "e5m2 gradients: measured 24.5 dB; anchor hybrid > 20"),
+    "mxfp8": Floor(25.0, "measured 28.4-28.5 dB"),
+    "nvfp4": Floor(10.0, "measured 15.1-16.7 dB (SR gradients cost ~1.5 dB)"),
+}
+BGRAD_FLOOR_DB = 35.0  # a float32 column sum of the unquantized dY: measured 55 dB; anchor > 35
+
+
+def quantize_floor(key: str) -> float:
+    """The quantize SNR floor for ``"mx/e2m1"``, ``"nvfp4/1x16"``, ``"fp8/e4m3"``, ..."""
+    try:
+        return QUANTIZE_FLOORS[key].db
+    except KeyError:
+        raise ValueError(f"no quantize floor for {key!r}; known: {sorted(QUANTIZE_FLOORS)}") from None
+
+
+def gemm_floor(key: str) -> float:
+    """The GEMM SNR floor for ``"mx/e2m1"`` ... (two quantized operands vs float64 truth)."""
+    try:
+        return GEMM_FLOORS[key].db
+    except KeyError:
+        raise ValueError(f"no GEMM floor for {key!r}; known: {sorted(GEMM_FLOORS)}") from None
+
+
+def linear_floor(recipe: str) -> float:
+    """The fwd/dgrad/wgrad SNR floor of a recipe's linear against float64 truth."""
+    try:
+        return LINEAR_SNR_FLOORS[recipe].db
+    except KeyError:
+        raise ValueError(f"no linear SNR floor for recipe {recipe!r}; known: {sorted(LINEAR_SNR_FLOORS)}") from None
+
+
+def accumulation_snr_ceiling_db(k: int, unit_roundoff: float = 2.0**-24) -> float:
+    """SNR a float32 accumulation of K random-sign products typically allows:
+    -20 log10(sqrt(K) u). 6 dB lower each time K quadruples."""
+    if k < 1:
+        raise ValueError(f"k={k!r}: expected a positive contraction length")
+    return -20.0 * math.log10(math.sqrt(k) * unit_roundoff)
+
+
+def fp32_accumulation_bound(da: torch.Tensor, db: torch.Tensor) -> torch.Tensor:
+    """Worst-case |error| of a float32 sum of K products, any order: K * 2**-24 * (|A| |B|^T)."""
+    k = da.shape[-1]
+    return k * 2.0**-24 * (da.double().abs() @ db.double().abs().T)
+
+
+@dataclass(frozen=True)
+class ThresholdRow:
+    fmt: str
+    scale_rule: str
+    k: int
+    quantize_snr_db: float
+    quantize_floor_db: float
+    gemm_snr_db: float
+    gemm_floor_db: float
+    accumulation_ceiling_db: float
+
+    @property
+    def margin_db(self) -> float:
+        """The smaller headroom of the two measurements over their floors."""
+        return min(self.quantize_snr_db - self.quantize_floor_db, self.gemm_snr_db - self.gemm_floor_db)
+
+
+def measure(fmt: str, scale_rule: str, k: int, *, rows: int = 128, seed: int = 0) -> ThresholdRow:
+    """Quantize SNR of a (rows, k) randn tensor and SNR of the MX GEMM of two such tensors
+    (float32 accumulation) against the float64 product of the unquantized inputs."""
+    from mxcheck.gemm import emulated_gemm  # noqa: PLC0415  (gemm imports the scaling stack)
+    from mxcheck.scaling.mx import mx_quantize  # noqa: PLC0415
+
+    gen = torch.Generator().manual_seed(seed)
+    a, b = torch.randn(rows, k, generator=gen), torch.randn(rows, k, generator=gen)
+    qa, qb = (mx_quantize(t, fmt, scale_rule=scale_rule) for t in (a, b))
+    truth = a.double() @ b.double().T
+    return ThresholdRow(fmt, scale_rule, k, snr_db(qa.dequantize(), a.double()), quantize_floor(f"mx/{fmt}"),
+                        snr_db(emulated_gemm(qa, qb, out_dtype=torch.float32), truth), gemm_floor(f"mx/{fmt}"),
+                        accumulation_snr_ceiling_db(k))
+
+
+def threshold_table(formats: tuple[str, ...] = ("e2m1", "e2m3", "e3m2", "e4m3", "e5m2"),
+                    rules: tuple[str, ...] = ("floor", "ceil", "even", "rceil"),
+                    ks: tuple[int, ...] = (256, 3072, 12288), *, rows: int = 128,
+                    seed: int = 0) -> list[ThresholdRow]:
+    """``measure`` for every format, scale rule and K."""
+    return [measure(f, r, k, rows=rows, seed=seed) for f in formats for r in rules for k in ks]

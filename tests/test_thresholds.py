@@ -1,0 +1,71 @@
+"""Every floor sits at least MIN_MARGIN_DB under what the oracle measures, for every rule."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from mxcheck import thresholds as th
+from mxcheck.cli import main
+
+pytestmark = pytest.mark.emulated
+
+RULES = ("floor", "ceil", "even", "rceil")
+
+
+@pytest.mark.parametrize("fmt", ["e2m1", "e2m3", "e3m2", "e4m3", "e5m2"])
+def test_mx_floors_sit_under_every_rule_and_k(fmt):
+    rows = th.threshold_table((fmt,), RULES, ks=(256, 2048), rows=64, seed=3)
+    for r in rows:
+        assert r.margin_db >= th.MIN_MARGIN_DB, r
+        # the GEMM of two quantized operands adds both noises: about 3 dB under one operand
+        assert 2.0 < r.quantize_snr_db - r.gemm_snr_db < 4.0, r
+
+
+def test_a_wrong_scale_rule_or_format_falls_through_the_floor():
+    """Non-vacuous: the floors catch a real bug (FP8 data read as e2m1; a scale off by 2x)."""
+    x = torch.randn(64, 1024, generator=torch.Generator().manual_seed(0))
+    from mxcheck.metrics import snr_db
+    from mxcheck.scaling.mx import mx_quantize
+
+    e4m3 = mx_quantize(x, "e4m3", scale_rule="rceil")
+    assert snr_db(mx_quantize(x, "e2m1", scale_rule="rceil").dequantize(), x.double()) < th.quantize_floor("mx/e4m3")
+    assert snr_db(e4m3.dequantize() * 2, x.double()) < th.quantize_floor("mx/e4m3")
+
+
+def test_accumulation_ceiling_grows_with_sqrt_k():
+    assert th.accumulation_snr_ceiling_db(4 * 3072) == pytest.approx(th.accumulation_snr_ceiling_db(3072) - 20 * math.log10(2))
+    assert th.accumulation_snr_ceiling_db(16384) > 100 > max(f.db for f in th.QUANTIZE_FLOORS.values())
+    with pytest.raises(ValueError, match="k=0"):
+        th.accumulation_snr_ceiling_db(0)
+
+
+def test_fp32_accumulation_bound_holds_for_a_float32_matmul():
+    gen = torch.Generator().manual_seed(1)
+    a, b = torch.randn(32, 4096, generator=gen), torch.randn(16, 4096, generator=gen)
+    err = ((a @ b.T).double() - a.double() @ b.double().T).abs()
+    assert (err <= th.fp32_accumulation_bound(a, b)).all()
+    assert err.max() > 0  # the float32 matmul did round: the bound is not vacuous here
+
+
+def test_lookups_name_what_is_known():
+    assert th.linear_floor("mxfp4") == 10.0 and th.gemm_floor("mx/e4m3") == 24.0
+    for fn, key in ((th.linear_floor, "mxfp5"), (th.quantize_floor, "mx/e9m9"), (th.gemm_floor, "x")):
+        with pytest.raises(ValueError, match="known"):
+            fn(key)
+    for table in (th.QUANTIZE_FLOORS, th.GEMM_FLOORS, th.LINEAR_SNR_FLOORS):
+        assert all(f.reason and 0 < f.db < 60 for f in table.values())
+
+
+def test_cli_prints_the_table(capsys):
+    assert main(["thresholds", "--k", "256", "--fmt", "e4m3", "--rows", "16", "--json"]) == 0
+    import json
+
+    data = json.loads(capsys.readouterr().out)
+    assert {r["scale_rule"] for r in data["measured"]} == set(RULES)
+    assert data["floors"]["linear"]["mxfp6"]["db"] == 20.0
+    assert main(["thresholds", "--k", "256", "--fmt", "e2m1", "--rows", "16"]) == 0
+    assert "fp32 acc. ceiling dB" in capsys.readouterr().out
+    assert main(["thresholds", "--fmt", "e9m9", "--rows", "16", "--k", "64"]) == 2
