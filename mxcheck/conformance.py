@@ -8,10 +8,11 @@ reason) when the backend does not offer what it checks.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -205,11 +206,13 @@ def check_shapes(backend: Any, recipe: Recipe, gen: torch.Generator, numerics: A
 # * Storage beyond an operand (row pitch, trailing rows) is not data: poison_padding hands
 #   the GEMM views into 0xFF / NaN-filled buffers and wants the contiguous run's bits.
 # * No backend's gemm or linear takes ``out=``, so a pre-filled output is N/A; poison_output
-#   instead fills the caching allocator with 0xFF (NaN in every float dtype, NaN E8M0) and
-#   then with 0x00 before running, and wants identical bits both times. On CUDA freed
-#   blocks are reused by the caching allocator, so this reaches torch.empty outputs and
-#   layout padding; on CPU malloc reuses some freed sizes only: best effort, never a pass
-#   by construction (a backend that reads memory it did not write still differs there).
+#   instead runs twice, once with every uninitialised allocation holding 0xFF (NaN in every
+#   float dtype, NaN E8M0) and once holding 0x00, and wants identical bits. Two routes:
+#   torch.empty / empty_like / empty_strided / new_empty called from Python (adapters,
+#   Triton launchers, AITER's Python wrappers) return memory filled with the byte
+#   (deterministic, any device); and the allocator is pre-filled (allocate, fill, free), which
+#   on CUDA reaches at::empty inside C++ extensions through the caching allocator. On CPU
+#   malloc reuses freed blocks only sometimes, so C++-side CPU allocations are best effort.
 # * MXFP6 guard tiles (two K tiles per row tile that AITER leaves unwritten) and blob
 #   padding: poison_guard_tiles fills them with 0xFF. A backend with a blob entry point
 #   (``gemm_mxfp6_blob(a_blob, b_blob, a_sblob, b_sblob, m, n, k)``) gets the poisoned
@@ -229,6 +232,35 @@ def _poison_allocator(device: Any, byte: int) -> None:
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
     del bufs
+
+
+_EMPTY_FACTORIES = ("empty", "empty_like", "empty_strided")
+
+
+@contextlib.contextmanager
+def _poisoned_empty(device: Any, byte: int) -> Iterator[None]:
+    """Inside: torch.empty & co. (from Python) return memory holding ``byte``; the allocator
+    is pre-filled with it too. Restored on exit."""
+    def filled(make: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+        def make_filled(*args: Any, **kwargs: Any) -> torch.Tensor:
+            t = make(*args, **kwargs)
+            if t.numel():
+                t.untyped_storage().fill_(byte)
+            return t
+        return make_filled
+
+    saved = {name: getattr(torch, name) for name in _EMPTY_FACTORIES}
+    saved_new_empty = torch.Tensor.new_empty
+    _poison_allocator(device, byte)
+    try:
+        for name, make in saved.items():
+            setattr(torch, name, filled(make))
+        torch.Tensor.new_empty = filled(saved_new_empty)  # type: ignore[method-assign]
+        yield
+    finally:
+        for name, make in saved.items():
+            setattr(torch, name, make)
+        torch.Tensor.new_empty = saved_new_empty  # type: ignore[method-assign]
 
 
 def _poisoned_view(t: torch.Tensor) -> torch.Tensor:
@@ -273,9 +305,9 @@ def check_poison_padding(backend: Any, recipe: Recipe, gen: torch.Generator, num
         for name, t in (("x_row", x), ("w_row", w)):
             spec = recipe.spec(name)
             ours = quantize_operand(t, spec)
-            _poison_allocator(dev, 0xFF)
             try:
-                theirs = backend.quantize(t, spec)
+                with _poisoned_empty(dev, 0xFF):
+                    theirs = backend.quantize(t, spec)
             except _ALLOWED_ERRORS as e:
                 return f"backend quantize refuses {name} {tuple(t.shape)}: {e}"
             for field in ("codes", "scales", "block_scales", "scale_inv"):
@@ -288,8 +320,9 @@ def check_poison_padding(backend: Any, recipe: Recipe, gen: torch.Generator, num
             clean = backend.gemm(a, b, out_dtype=torch.float32)
         except _ALLOWED_ERRORS as e:
             return f"backend gemm refuses M={m} N={n} K={k}: {e}"
-        _poison_allocator(dev, 0xFF)
-        got = backend.gemm(_in_poisoned_storage(a), _in_poisoned_storage(b), out_dtype=torch.float32)
+        pa, pb = _in_poisoned_storage(a), _in_poisoned_storage(b)
+        with _poisoned_empty(dev, 0xFF):
+            got = backend.gemm(pa, pb, out_dtype=torch.float32)
         _bitwise(numerics, got, clean, layer="operands in 0xFF storage", direction="fwd", **ctx)
     return None
 
@@ -319,12 +352,12 @@ def check_poison_output(backend: Any, recipe: Recipe, gen: torch.Generator, nume
     for what, fn in runs.items():
         outs = []
         for byte in (0xFF, 0x00):
-            _poison_allocator(dev, byte)
             try:
-                outs.append(fn())
+                with _poisoned_empty(dev, byte):
+                    outs.append(fn())
             except _ALLOWED_ERRORS as e:
                 return f"{what} refuses M={m} N={n} K={k}: {e}"
-        _bitwise(numerics, outs[0], outs[1], layer=f"{what}: allocator 0xFF vs 0x00", direction="fwd", **ctx)
+        _bitwise(numerics, outs[0], outs[1], layer=f"{what}: uninitialised memory 0xFF vs 0x00", direction="fwd", **ctx)
         if torch.isnan(outs[0]).any():
             raise NumericsError(f"{what} of recipe {recipe.name} gave NaN for finite inputs (M={m} N={n} K={k})")
     return None
@@ -502,6 +535,11 @@ SR_SIGMAS = 5.0  # per element: |mean - exact| <= 5 standard errors + the 8-bit 
 _SR_M, _SR_N = 16, 64  # dY [M, N]; W = I_N, so K = N
 
 
+# A GEMM-only backend runs inside the reference Function, whose quantizer (the oracle) rounds:
+# testing it would test the oracle's SR under the backend's name.
+_NO_OWN_SR = "backend has no linear of its own: its SR would be the oracle's (reference Function)"
+
+
 def _sr_reason(recipe: Recipe) -> str | None:
     if recipe.g_row.rounding != "sr":
         ops = [op for op in OPERANDS if recipe.spec(op).rounding == "sr"]
@@ -532,8 +570,8 @@ def check_sr_unbiased(backend: Any, recipe: Recipe, gen: torch.Generator, numeri
     """Mean of SR_DRAWS stochastic roundings within SR_SIGMAS standard errors (variance
     (x - lo)(hi - x) per element, lo and hi the grid points around x) plus the 8-bit
     resolution (hi - lo)/256 of the exact value; and never all zero for a non-zero input."""
-    if (why := _sr_reason(recipe)) or (linear := linear_of(backend)) is None:
-        return why or "backend has neither linear nor gemm"
+    if (why := _sr_reason(recipe)) or (linear := getattr(backend, "linear", None)) is None:
+        return why or _NO_OWN_SR
     dy = _sr_input(gen, _device(backend))
     m, n = dy.shape
     eye = quantize_operand(torch.eye(n, device=dy.device), recipe.w_col)
@@ -578,8 +616,8 @@ def check_sr_unbiased(backend: Any, recipe: Recipe, gen: torch.Generator, numeri
 
 def check_sr_seeded(backend: Any, recipe: Recipe, gen: torch.Generator, numerics: Any = None) -> str | None:
     """Same seed -> bit-identical SR gradient; another seed -> a different one; never all zero."""
-    if (why := _sr_reason(recipe)) or (linear := linear_of(backend)) is None:
-        return why or "backend has neither linear nor gemm"
+    if (why := _sr_reason(recipe)) or (linear := getattr(backend, "linear", None)) is None:
+        return why or _NO_OWN_SR
     dy = _sr_input(gen, _device(backend))
     first, again, other = (_sr_dgrad(linear, recipe, dy, seed) for seed in (7, 7, 8))
     ctx = {"recipe": recipe.name, "direction": "dgrad", "m": dy.shape[0], "n": dy.shape[1], "k": dy.shape[1]}

@@ -100,11 +100,12 @@ def pick_backend(spec: str, recipe: Recipe) -> Any:
     raise AssertionError("the emulated backend supports every recipe")  # pragma: no cover
 
 
-def _inputs(case: SweepCase, gen: torch.Generator, device: str) -> dict[str, torch.Tensor]:
+def _inputs(case: SweepCase, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """bf16 x, W (scaled 1/sqrt(K)), b and dY, drawn on the generator's device."""
     m, n, k = case.tokens, case.out_features, case.in_features
 
     def randn(*shape: int, scale: float = 1.0) -> torch.Tensor:
-        return (torch.randn(*shape, generator=gen) * scale).to(device=device, dtype=torch.bfloat16)
+        return (torch.randn(*shape, generator=gen, device=gen.device) * scale).to(torch.bfloat16)
 
     return {"x": randn(m, k), "w": randn(n, k, scale=k**-0.5), "b": randn(n, scale=0.1), "dy": randn(m, n)}
 
@@ -170,17 +171,17 @@ def run_sweep(model: str = "flux-12b", recipes: Sequence[str] = DEFAULT_RECIPES,
     used: dict[str, str] = {}
     start = time.perf_counter()
     total = len(cases) * len(recipe_objs)
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device).manual_seed(seed)  # inputs drawn where they are used
     for ci, case in enumerate(cases):
-        t = _inputs(case, gen, device)
+        t = _inputs(case, gen)
         truth = _truth(t, truth_dtype)
         for ri, recipe in enumerate(recipe_objs):
             step = ci * len(recipe_objs) + ri + 1
             be = pick_backend(backend, recipe)
             used[recipe.name] = be.name
             layer = case.label
-            say(f"[{step}/{total}] {recipe.name} on {be.name}: {layer} M={case.tokens} "
-                f"N={case.out_features} K={case.in_features}")
+            say(f"[{step}/{total} {time.perf_counter() - start:.1f}s] {recipe.name} on {be.name}: {layer} "
+                f"M={case.tokens} N={case.out_features} K={case.in_features}")
             try:
                 recipe.check_shape(case.tokens, case.out_features, case.in_features, layer)
             except ValueError as e:
