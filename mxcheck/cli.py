@@ -400,6 +400,13 @@ def _read_text(path: Path, what: str) -> str:
             from None
 
 
+def _add_token_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--img-tokens", type=_positive_int("img-tokens"), default=256, metavar="N",
+                   help="image tokens per sample. Default: %(default)r")
+    p.add_argument("--txt-tokens", type=_positive_int("txt-tokens"), default=256, metavar="N",
+                   help="text tokens per sample. Default: %(default)r")
+
+
 def _lint_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("recipe", type=Path, metavar="RECIPE.yaml",
                    help="a Primus experiment YAML (modules.pre_trainer.overrides) or a flat one")
@@ -448,10 +455,7 @@ def _tuned_coverage_args(p: argparse.ArgumentParser) -> None:
                    help="compute units of the GPU (MI355X: 256). Default: %(default)r")
     p.add_argument("--gfx", default="gfx950", metavar="ARCH",
                    help="GPU arch, matched where the CSV has a gfx column. Default: %(default)r")
-    p.add_argument("--img-tokens", type=_positive_int("img-tokens"), default=256, metavar="N",
-                   help="image tokens per sample. Default: %(default)r")
-    p.add_argument("--txt-tokens", type=_positive_int("txt-tokens"), default=256, metavar="N",
-                   help="text tokens per sample. Default: %(default)r")
+    _add_token_args(p)
     _add_json_flag(p)
 
 
@@ -490,10 +494,7 @@ def _shapes_args(p: argparse.ArgumentParser) -> None:
                    help="a Flux config (flux-12b, flux-12b-schnell, flux-535m, ...). Default: %(default)r")
     p.add_argument("--mbs", type=_positive_int("mbs"), default=64, metavar="N",
                    help="micro batch size. Default: %(default)r")
-    p.add_argument("--img-tokens", type=_positive_int("img-tokens"), default=256, metavar="N",
-                   help="image tokens per sample. Default: %(default)r")
-    p.add_argument("--txt-tokens", type=_positive_int("txt-tokens"), default=256, metavar="N",
-                   help="text tokens per sample. Default: %(default)r")
+    _add_token_args(p)
     p.add_argument("--all", action="store_true", help="list every linear, not only those a "
                    "Primus local spec quantizes. Default: %(default)r")
     out = p.add_mutually_exclusive_group()

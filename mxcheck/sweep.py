@@ -21,7 +21,6 @@ from typing import Any
 import torch
 
 from mxcheck import backends
-from mxcheck.conformance import LINEAR_SNR_FLOORS
 from mxcheck.flux.config import get_config
 from mxcheck.flux.shapes import LinearShape, flux_linear_shapes
 from mxcheck.functions import quant_linear
@@ -29,6 +28,7 @@ from mxcheck.metrics import compare, snr_db
 from mxcheck.recipes import Recipe, get_recipe
 from mxcheck.report import Record, Report
 from mxcheck.report.environment import collect_environment
+from mxcheck.thresholds import BGRAD_FLOOR_DB, linear_floor
 
 __all__ = [
     "AUTO_ORDER",
@@ -42,7 +42,6 @@ __all__ = [
 
 DEFAULT_RECIPES = ("mxfp4", "mxfp6", "fp8", "mxfp8")
 CPU_TOKENS = 256  # M of every linear on a CPU (MXFP6 needs a multiple of 256)
-BGRAD_FLOOR_DB = 35.0
 AUTO_ORDER = ("triton", "torch", "emulated")  # --backend auto: first usable that supports the recipe
 TEST_ID = "mxcheck sweep"
 
@@ -190,7 +189,7 @@ def run_sweep(model: str = "flux-12b", recipes: Sequence[str] = DEFAULT_RECIPES,
             hardware = be.name != "emulated"
             gemm = be.gemm if hardware else None
             got = _run_linear(t, recipe, layer, gemm, seed)
-            floor = LINEAR_SNR_FLOORS[recipe.name]
+            floor = linear_floor(recipe.name)
             for direction, ref in truth.items():
                 threshold = BGRAD_FLOOR_DB if direction == "bgrad" else floor
                 records.append(_snr_record(case, recipe, be.name, direction, got[direction], ref,

@@ -347,3 +347,25 @@ def test_bit_diff_rejects_bad_inputs():
         bit_diff(torch.zeros(2, dtype=torch.uint8), [0, 0])
     with pytest.raises(ValueError, match=r"limit=-1; expected an int >= 0"):
         bit_diff(torch.zeros(2, dtype=torch.uint8), torch.zeros(2, dtype=torch.uint8), limit=-1)
+
+
+@pytest.mark.parametrize(("test", "ref"), [
+    ([0.5, -1.0, 2.0, 3.0], [0.4, -1.0, 2.5, 2.0]),
+    ([1.0, float("nan")], [1.0, 2.0]),
+    ([float("inf"), 1.0], [1.0, 1.0]),
+    ([0.0, 0.0], [0.0, 0.0]),
+    ([1.0, 2.0], [1.0, 2.0]),
+    ([3.0, 0.0], [0.0, 0.0]),
+])
+def test_compare_equals_the_three_metrics(test, ref):
+    from mxcheck.metrics import compare
+
+    t, r = torch.tensor(test), torch.tensor(ref)
+    c = compare(t, r)
+    for got, want in ((c.snr_db, snr_db(t, r)), (c.cosine, cosine(t, r)), (c.max_abs_error, max_abs_error(t, r))):
+        assert (math.isnan(got) and math.isnan(want)) or got == pytest.approx(want, rel=1e-12, abs=0)
+
+
+def test_cosine_of_a_nan_or_inf_is_nan_not_a_clamp_bound():
+    assert math.isnan(cosine(torch.tensor([1.0, float("nan")]), torch.tensor([1.0, 2.0])))
+    assert math.isnan(cosine(torch.tensor([float("inf"), 1.0]), torch.tensor([1.0, 1.0])))
