@@ -91,6 +91,7 @@ class Collector:
         self.backends = backends
         self.records: list[Record] = []
         self.skipped: list[dict[str, str]] = []
+        self.test_params: dict[str, tuple[str, str]] = {}  # nodeid -> (backend, recipe)
         self.comparison_text: str | None = None
 
     @classmethod
@@ -118,6 +119,11 @@ class Collector:
         # Skips are marked at collection, so a skip's reported location is the test itself.
         hw = hardware.detect()
         for item in items:
+            params = getattr(getattr(item, "callspec", None), "params", {})
+            backend, recipe = params.get("backend"), params.get("recipe")
+            # what a failed test without records is filed under in the report
+            self.test_params[item.nodeid] = (getattr(backend, "name", None) or "n/a",
+                                             getattr(recipe, "name", recipe) if recipe else "n/a")
             reason = self._why_not_here(item, hw)
             if reason:
                 item.add_marker(pytest.mark.skip(reason=reason))
@@ -153,7 +159,8 @@ class Collector:
             if report.failed and all(r.passed for r in recs):
                 # A test that failed outside a recorded comparison still counts as a failure
                 # in the report: a summary must never say "0 failed" over a red run.
-                recs.append(Record(test_id=report.nodeid, backend="n/a", recipe="n/a", kind="test",
+                backend, recipe = self.test_params.get(report.nodeid, ("n/a", "n/a"))
+                recs.append(Record(test_id=report.nodeid, backend=backend, recipe=str(recipe), kind="test",
                                    passed=False, message=_crash_message(report)))
             self.records += recs
         if report.skipped and not hasattr(report, "wasxfail"):

@@ -244,3 +244,17 @@ def test_passes():
     records = json.loads(path.read_text())["records"]
     assert [(r["kind"], r["passed"]) for r in records] == [("test", False)]
     assert "gemm outside the fp32-accumulation bound" in records[0]["message"]
+
+
+def test_a_failed_parametrized_test_is_filed_under_its_backend_and_recipe(pytester, cpu_only):
+    pytester.makepyfile("""
+import pytest
+
+@pytest.mark.parametrize("recipe", ["mxfp4"])
+def test_raises(backend, recipe):
+    raise AssertionError("outside the bound")
+""")
+    path = pytester.path / "r.json"
+    pytester.runpytest("--mxcheck-report", str(path)).assert_outcomes(failed=1)
+    (record,) = json.loads(path.read_text())["records"]
+    assert (record["backend"], record["recipe"], record["kind"]) == ("emulated", "mxfp4", "test")
