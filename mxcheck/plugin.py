@@ -26,6 +26,7 @@ __all__ = ["COLLECTOR", "RECORD_KEY", "Collector", "add_options"]
 
 COLLECTOR = pytest.StashKey["Collector"]()
 RECORD_KEY = "mxcheck_record"
+PARAMS_KEY = "mxcheck_params"  # [backend, recipe] of a parametrized test
 
 
 # ------------------------------------------------------------------ options
@@ -91,7 +92,6 @@ class Collector:
         self.backends = backends
         self.records: list[Record] = []
         self.skipped: list[dict[str, str]] = []
-        self.test_params: dict[str, tuple[str, str]] = {}  # nodeid -> (backend, recipe)
         self.comparison_text: str | None = None
 
     @classmethod
@@ -121,9 +121,10 @@ class Collector:
         for item in items:
             params = getattr(getattr(item, "callspec", None), "params", {})
             backend, recipe = params.get("backend"), params.get("recipe")
-            # what a failed test without records is filed under in the report
-            self.test_params[item.nodeid] = (getattr(backend, "name", None) or "n/a",
-                                             getattr(recipe, "name", recipe) if recipe else "n/a")
+            # What a failed test without records is filed under in the report; carried on the
+            # report itself, so an xdist controller (which collects nothing) sees it too.
+            item.user_properties.append((PARAMS_KEY, [getattr(backend, "name", None) or "n/a",
+                                                      str(getattr(recipe, "name", recipe) if recipe else "n/a")]))
             reason = self._why_not_here(item, hw)
             if reason:
                 item.add_marker(pytest.mark.skip(reason=reason))
@@ -159,7 +160,7 @@ class Collector:
             if report.failed and all(r.passed for r in recs):
                 # A test that failed outside a recorded comparison still counts as a failure
                 # in the report: a summary must never say "0 failed" over a red run.
-                backend, recipe = self.test_params.get(report.nodeid, ("n/a", "n/a"))
+                backend, recipe = next((v for k, v in report.user_properties if k == PARAMS_KEY), ("n/a", "n/a"))
                 recs.append(Record(test_id=report.nodeid, backend=backend, recipe=str(recipe), kind="test",
                                    passed=False, message=_crash_message(report)))
             self.records += recs

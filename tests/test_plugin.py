@@ -258,3 +258,17 @@ def test_raises(backend, recipe):
     pytester.runpytest("--mxcheck-report", str(path)).assert_outcomes(failed=1)
     (record,) = json.loads(path.read_text())["records"]
     assert (record["backend"], record["recipe"], record["kind"]) == ("emulated", "mxfp4", "test")
+
+
+def test_under_xdist_a_failed_test_is_filed_under_its_backend_too(pytester, cpu_only):
+    pytester.makepyfile("""
+import pytest
+
+@pytest.mark.parametrize("recipe", ["fp8"])
+def test_raises(backend, recipe):
+    raise AssertionError("outside the bound")
+""")
+    path = pytester.path / "r.json"
+    pytester.runpytest("-n", "2", "-p", "xdist", "--mxcheck-report", str(path)).assert_outcomes(failed=1)
+    (record,) = json.loads(path.read_text())["records"]
+    assert (record["backend"], record["recipe"]) == ("emulated", "fp8")
