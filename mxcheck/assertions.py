@@ -468,6 +468,15 @@ def assert_deterministic(fn: Callable[..., Any], *args: Any, runs: int = 3,
     return _raise_unless(_check_deterministic(fn, args, kwargs, runs, context))
 
 
+def _check_precision(manifest: Any, recipe: Any, kwargs: dict[str, Any], context: Context) -> _Outcome:
+    fields: dict[str, Any] = {"extra": {"precision_manifest": manifest.to_json()}}
+    try:
+        manifest.check(recipe, **kwargs)
+    except NumericsError as e:  # PrecisionError: the layers and directions that ran otherwise
+        return _Outcome(manifest, False, _say("precision manifest", context, str(e)), {**fields, "passed": False})
+    return _Outcome(manifest, True, "", {**fields, "passed": True})
+
+
 class Numerics:
     """The ``numerics`` fixture: the assertions above with the test's context, each
     recorded into the report (pass or fail) before a failure is raised.
@@ -513,6 +522,11 @@ class Numerics:
     def nonzero_grads(self, params: torch.nn.Module | Iterable[tuple[str, torch.Tensor]], *,
                       names: Sequence[str] | None = None) -> dict[str, float | None]:
         return self._run("grads", _check_grads(params, names, self._context))
+
+    def precision(self, manifest: Any, recipe: Any, **check_kwargs: Any) -> Any:
+        """``manifest.check(recipe)`` (a ``mxcheck.manifest.PrecisionManifest``), recorded
+        with the whole manifest in the record's ``extra["precision_manifest"]``."""
+        return self._run("precision", _check_precision(manifest, recipe, check_kwargs, self._context))
 
     def deterministic(self, fn: Callable[..., Any], *args: Any, runs: int = 3,
                       **kwargs: Any) -> Any:

@@ -151,3 +151,22 @@ def test_manifest_goes_into_the_report(tmp_path):
     assert back["layers"]["double_blocks.0.img_attn.qkv"]["fwd"] == m.summary()["double_blocks.0.img_attn.qkv"]["fwd"]
     with pytest.raises(PrecisionError, match="matches no linear"):
         m.check("mxfp8", include=("nothing",))
+
+
+def test_numerics_precision_records_the_manifest_and_fails_closed():
+    from mxcheck.assertions import Numerics, NumericsError
+
+    records = []
+    numerics = Numerics(records.append, "t", recipe="mxfp4")
+    model = _model("mxfp4")
+    _fall_back(model, "double_blocks.0.img_mlp.2")
+    m, _ = _run(model, backward=False)
+    with pytest.raises(NumericsError, match=r"double_blocks\.0\.img_mlp\.2 fwd: GEMM aten::"):
+        numerics.precision(m, "mxfp4")
+    (record,) = records
+    assert (record.kind, record.passed) == ("precision", False)
+    layers = record.extra["precision_manifest"]["layers"]
+    assert layers["double_blocks.0.img_mlp.2"]["fwd"] == ["aten::addmm bfloat16 none"]
+    assert layers["double_blocks.0.img_mlp.0"]["fwd"][-1] == "mxcheck::gemm e2m1"
+    numerics.precision(m, "mxfp4", include=("double_blocks.0.img_mlp.0",))
+    assert records[-1].passed

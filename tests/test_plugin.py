@@ -246,7 +246,9 @@ def test_passes():
     assert "gemm outside the fp32-accumulation bound" in records[0]["message"]
 
 
-def test_a_failed_parametrized_test_is_filed_under_its_backend_and_recipe(pytester, cpu_only):
+@pytest.mark.parametrize("workers", [[], ["-n", "2", "-p", "xdist"]], ids=["serial", "xdist"])
+def test_a_failed_parametrized_test_is_filed_under_its_backend_and_recipe(pytester, cpu_only, workers):
+    # Under xdist the controller collects nothing: the params must travel on the report.
     pytester.makepyfile("""
 import pytest
 
@@ -255,20 +257,6 @@ def test_raises(backend, recipe):
     raise AssertionError("outside the bound")
 """)
     path = pytester.path / "r.json"
-    pytester.runpytest("--mxcheck-report", str(path)).assert_outcomes(failed=1)
+    pytester.runpytest(*workers, "--mxcheck-report", str(path)).assert_outcomes(failed=1)
     (record,) = json.loads(path.read_text())["records"]
     assert (record["backend"], record["recipe"], record["kind"]) == ("emulated", "mxfp4", "test")
-
-
-def test_under_xdist_a_failed_test_is_filed_under_its_backend_too(pytester, cpu_only):
-    pytester.makepyfile("""
-import pytest
-
-@pytest.mark.parametrize("recipe", ["fp8"])
-def test_raises(backend, recipe):
-    raise AssertionError("outside the bound")
-""")
-    path = pytester.path / "r.json"
-    pytester.runpytest("-n", "2", "-p", "xdist", "--mxcheck-report", str(path)).assert_outcomes(failed=1)
-    (record,) = json.loads(path.read_text())["records"]
-    assert (record["backend"], record["recipe"]) == ("emulated", "fp8")
