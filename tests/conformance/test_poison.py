@@ -9,7 +9,8 @@ import torch
 
 from mxcheck.assertions import NumericsError
 from mxcheck.backends.emulated import EmulatedBackend
-from mxcheck.conformance import CHECKS, _guard_poisoned
+from mxcheck.conformance import CHECKS
+from mxcheck.conformance.poison import _guard_poisoned
 from mxcheck.layouts import MXFP6_GUARD_K_TILES, mxfp6_blob_sizes, pack_mxfp6_blob
 from mxcheck.recipes import RECIPES
 

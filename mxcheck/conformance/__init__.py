@@ -1,0 +1,67 @@
+"""Conformance checks a backend must pass, as plain functions that raise NumericsError.
+
+``tests/conformance/`` runs each check on every selected backend; the known-bad backends
+(``mxcheck.backends.known_bad``) are run through the same checks to prove each check can
+fail. A check takes the backend, a recipe and a torch.Generator, and skips (returns a
+reason) when the backend does not offer what it checks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from mxcheck.assertions import NumericsError
+from mxcheck.conformance._common import LINEAR_SNR_FLOORS, SAME_OPERANDS_FLOOR_DB, linear_of
+from mxcheck.conformance.basic import (
+    check_gemm,
+    check_linear,
+    check_nan_propagates,
+    check_quantize,
+    check_repeatable,
+    check_shapes,
+    check_weight_change,
+)
+from mxcheck.conformance.edges import EDGE_SHAPES, check_edge_shapes, edge_shape_outcome
+from mxcheck.conformance.poison import (
+    check_poison_guard_tiles,
+    check_poison_output,
+    check_poison_padding,
+)
+from mxcheck.conformance.sr import SR_DRAWS, SR_SIGMAS, check_sr_seeded, check_sr_unbiased
+from mxcheck.recipes import Recipe
+
+__all__ = ["CHECKS", "EDGE_SHAPES", "LINEAR_SNR_FLOORS", "SAME_OPERANDS_FLOOR_DB", "SR_DRAWS", "SR_SIGMAS",
+           "check_gemm", "check_quantize", "edge_shape_outcome", "linear_of", "run_checks"]
+
+CHECKS: dict[str, Callable[..., str | None]] = {
+    "quantize": check_quantize,
+    "gemm": check_gemm,
+    "linear": check_linear,
+    "weight_change": check_weight_change,
+    "repeatable": check_repeatable,
+    "nan": check_nan_propagates,
+    "shapes": check_shapes,
+    "poison_padding": check_poison_padding,
+    "poison_output": check_poison_output,
+    "poison_guard_tiles": check_poison_guard_tiles,
+    "edge_shapes": check_edge_shapes,
+    "sr_unbiased": check_sr_unbiased,
+    "sr_seeded": check_sr_seeded,
+}
+
+
+def run_checks(backend: Any, recipe: Recipe, seed: int = 0) -> dict[str, str]:
+    """name -> "ok", "skipped: ..." or "FAILED: ..." for every check (for the known-bad tests)."""
+    out = {}
+    for name, check in CHECKS.items():
+        gen = torch.Generator().manual_seed(seed)
+        try:
+            skipped = check(backend, recipe, gen)
+        except NumericsError as e:
+            out[name] = f"FAILED: {str(e).splitlines()[0]}"
+        else:
+            out[name] = f"skipped: {skipped}" if skipped else "ok"
+    return out

@@ -1,0 +1,98 @@
+"""Helpers the conformance checks share: inputs, recording, a backend's linear, floors."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from mxcheck import thresholds
+from mxcheck.assertions import NumericsError, assert_bitwise_equal, assert_snr
+from mxcheck.functions import quant_linear
+from mxcheck.gemm import dequantize_operand, emulated_gemm, quantize_operand
+from mxcheck.recipes import Recipe
+
+# Floors for fwd / dgrad / wgrad SNR of a whole linear against float64 truth (M=N=256, K=512,
+# randn inputs, weights scaled 1/sqrt(K)); DESIGN.md anchors, well under the measured values.
+LINEAR_SNR_FLOORS = {name: f.db for name, f in thresholds.LINEAR_SNR_FLOORS.items()}
+
+
+# Same quantized operands as the reference Function: only accumulation order and output
+# rounding differ (measured 63 dB for torch._scaled_mm FP8 at every Flux 12B shape).
+SAME_OPERANDS_FLOOR_DB = 40.0
+
+
+def _snr(numerics: Any, test: torch.Tensor, ref: torch.Tensor, threshold_db: float, **context: Any) -> None:
+    """assert_snr, recorded into the report when the pytest ``numerics`` fixture is given."""
+    if numerics is None:
+        assert_snr(test, ref, threshold_db, context=context)
+    else:
+        numerics.context(**context).snr(test, ref, threshold_db)
+
+
+def _bitwise(numerics: Any, test: torch.Tensor, ref: torch.Tensor, **context: Any) -> None:
+    if numerics is None:
+        assert_bitwise_equal(test, ref, context=context)
+    else:
+        numerics.context(**context).bitwise(test, ref)
+
+
+def _device(backend: Any) -> str:
+    return getattr(backend, "device", "cpu")
+
+
+def _fwd_operands(recipe: Recipe, x: torch.Tensor, w: torch.Tensor) -> tuple[Any, Any]:
+    return quantize_operand(x, recipe.x_row), quantize_operand(w, recipe.w_row)
+
+
+def linear_of(backend: Any) -> Callable[..., torch.Tensor] | None:
+    """``linear(x, w, b, recipe)`` of a backend: its own, or for a GEMM-only backend (Triton,
+    ``torch._scaled_mm``) the reference Function running its GEMMs on the oracle's operands."""
+    if hasattr(backend, "linear"):
+        return backend.linear
+    if hasattr(backend, "gemm"):
+        return lambda x, w, b, recipe: quant_linear(x, w, b, recipe, gemm=backend.gemm)
+    return None
+
+
+def _linear(backend: Any, x, w, b, recipe: Recipe, seed: int = 0):
+    x = x.detach().clone().requires_grad_(True)
+    w = w.detach().clone().requires_grad_(True)
+    b = b.detach().clone().requires_grad_(True)
+    torch.manual_seed(seed)  # SR recipes draw their bits from the default generator
+    y = linear_of(backend)(x, w, b, recipe)
+    return x, w, b, y
+
+
+_ALLOWED_ERRORS = (ValueError, TypeError, NotImplementedError)
+
+
+def _oracle_pair(recipe: Recipe, gen: torch.Generator, device: str, m: int, n: int, k: int):
+    x = torch.randn(m, k, generator=gen).to(device)
+    w = (torch.randn(n, k, generator=gen) / k**0.5).to(device)
+    return _fwd_operands(recipe, x, w)
+
+
+def _assert_in_bound(got: torch.Tensor, a: Any, b: Any, what: str) -> None:
+    """got within the fp32-accumulation bound of the exact (float64) GEMM of a and b."""
+    exact = emulated_gemm(a, b, out_dtype=torch.float64, accumulate=torch.float64)
+    if tuple(got.shape) != tuple(exact.shape):
+        raise NumericsError(f"{what}: result shape {tuple(got.shape)}, expected {tuple(exact.shape)}")
+    da, db = dequantize_operand(a).double().abs(), dequantize_operand(b).double().abs()
+    bound = da.shape[1] * 2.0**-24 * (da @ db.T)  # fp32 accumulation of K products, any order
+    bad = ~((got.double() - exact).abs() <= bound)  # NaN counts as outside
+    if bad.any():
+        i = tuple(bad.nonzero()[0].tolist())
+        raise NumericsError(f"{what}: outside the fp32-accumulation bound of the exact GEMM; {int(bad.sum())} of "
+                            f"{bad.numel()} outputs; first {i}: got {got[i].item()!r}, exact {exact[i].item()!r}, "
+                            f"bound {bound[i].item():.3g}")
+
+
+class _Reference:
+    """The reference Function as a backend, for the 'same quantized operands' comparison."""
+
+    name = "reference"
+
+    def linear(self, x, w, b, recipe):
+        return quant_linear(x, w, b, recipe)

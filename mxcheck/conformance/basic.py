@@ -1,0 +1,144 @@
+"""The basic checks: quantize bits, GEMM bound, linear SNR, stale weights, repeatability, NaN, shapes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from mxcheck import thresholds
+from mxcheck.assertions import NumericsError
+from mxcheck.conformance._common import (
+    LINEAR_SNR_FLOORS,
+    SAME_OPERANDS_FLOOR_DB,
+    _assert_in_bound,
+    _bitwise,
+    _device,
+    _fwd_operands,
+    _linear,
+    _Reference,
+    _snr,
+    linear_of,
+)
+from mxcheck.gemm import quantize_operand
+from mxcheck.recipes import Recipe
+
+_M, _N, _K = 256, 256, 512
+
+
+def _inputs(gen: torch.Generator, device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    x = torch.randn(_M, _K, generator=gen).to(device)
+    w = (torch.randn(_N, _K, generator=gen) / _K**0.5).to(device)
+    b = torch.randn(_N, generator=gen).to(device)
+    return x, w, b
+
+
+def check_quantize(backend: Any, recipe: Recipe, gen: torch.Generator, numerics: Any = None) -> str | None:
+    """The backend's quantization of x_row and w_row is bit-identical to the oracle's."""
+    if not hasattr(backend, "quantize"):
+        return "backend has no quantize"
+    x, w, _ = _inputs(gen, _device(backend))
+    for name, t in (("x_row", x), ("w_row", w)):
+        spec = recipe.spec(name)
+        ours, theirs = quantize_operand(t, spec), backend.quantize(t, spec)
+        for field in ("codes", "scales", "block_scales", "scale_inv"):
+            if hasattr(ours, field):
+                _bitwise(numerics, getattr(theirs, field), getattr(ours, field), recipe=recipe.name,
+                         layer=f"{name}.{field}", direction="quantize")
+    return None
+
+
+def check_gemm(backend: Any, recipe: Recipe, gen: torch.Generator, numerics: Any = None) -> str | None:
+    """GEMM within the fp32-accumulation bound of the oracle's exact (float64) GEMM."""
+    if not hasattr(backend, "gemm"):
+        return "backend has no gemm"
+    x, w, _ = _inputs(gen, _device(backend))
+    a, b = _fwd_operands(recipe, x, w)
+    got = backend.gemm(a, b, out_dtype=torch.float32)
+    _assert_in_bound(got, a, b, f"gemm of recipe {recipe.name} at M={_M} N={_N} K={_K}")
+    return None
+
+
+def check_linear(backend: Any, recipe: Recipe, gen: torch.Generator, numerics: Any = None) -> str | None:
+    """fwd, dgrad, wgrad and bias grad above the recipe's SNR floor against float64 truth, and
+    close to the reference Function given the same quantized operands."""
+    if linear_of(backend) is None:
+        return "backend has neither linear nor gemm"
+    floor = LINEAR_SNR_FLOORS.get(recipe.name)
+    if floor is None:
+        return f"no SNR floor for recipe {recipe.name}"
+    x0, w0, b0 = _inputs(gen, _device(backend))
+    dy = torch.randn(_M, _N, generator=gen).to(x0.device)
+    x, w, b, y = _linear(backend, x0, w0, b0, recipe)
+    y.backward(dy.to(y.dtype))
+    xd, wd = x0.double(), w0.double()
+    truth = {"fwd": xd @ wd.T + b0.double(), "dgrad": dy.double() @ wd, "wgrad": dy.double().T @ xd,
+             "bgrad": dy.double().sum(0)}
+    got = {"fwd": y, "dgrad": x.grad, "wgrad": w.grad, "bgrad": b.grad}
+    for direction, ref in truth.items():
+        if got[direction] is None or not got[direction].abs().sum():
+            raise NumericsError(f"{direction} of recipe {recipe.name} is missing or all zero")
+        _snr(numerics, got[direction].double(), ref, thresholds.BGRAD_FLOOR_DB if direction == "bgrad" else floor,
+             recipe=recipe.name, layer="vs float64 truth", direction=direction, m=_M, n=_N, k=_K)
+    rx, rw, _, ry = _linear(_Reference(), x0, w0, b0, recipe)
+    ry.backward(dy.to(ry.dtype))
+    for direction, ref in (("fwd", ry), ("dgrad", rx.grad), ("wgrad", rw.grad)):
+        # Same quantized operands: only accumulation order and the output rounding may differ.
+        _snr(numerics, got[direction].double(), ref.double(), SAME_OPERANDS_FLOOR_DB, recipe=recipe.name,
+             layer="vs reference Function", direction=direction, m=_M, n=_N, k=_K)
+    return None
+
+
+def check_weight_change(backend: Any, recipe: Recipe, gen: torch.Generator, numerics: Any = None) -> str | None:
+    """A second call with a changed weight changes the output (no stale cached quantization)."""
+    linear = linear_of(backend)
+    if linear is None:
+        return "backend has neither linear nor gemm"
+    x, w, b = _inputs(gen, _device(backend))
+    with torch.no_grad():
+        y1 = linear(x, w, b, recipe)
+        y2 = linear(x, w * 2, b, recipe)
+    if torch.equal(y1, y2):
+        raise NumericsError(f"recipe {recipe.name}: doubling the weight left the output unchanged "
+                            "(a stale cached quantized weight?)")
+    return None
+
+
+def check_repeatable(backend: Any, recipe: Recipe, gen: torch.Generator, numerics: Any = None) -> str | None:
+    """Repeat calls are bit-identical (recipes without SR; SR recipes with the same seed)."""
+    if linear_of(backend) is None:
+        return "backend has neither linear nor gemm"
+    x, w, b = _inputs(gen, _device(backend))
+    outs = [_linear(backend, x, w, b, recipe, seed=7)[3].detach() for _ in range(2)]
+    _bitwise(numerics, outs[1], outs[0], recipe=recipe.name, layer="repeat call", direction="fwd")
+    return None
+
+
+def check_nan_propagates(backend: Any, recipe: Recipe, gen: torch.Generator, numerics: Any = None) -> str | None:
+    """NaN in gives NaN out (in that row), never a silent finite value."""
+    linear = linear_of(backend)
+    if linear is None:
+        return "backend has neither linear nor gemm"
+    x, w, b = _inputs(gen, _device(backend))
+    x[3, 5] = float("nan")
+    with torch.no_grad():
+        y = linear(x, w, b, recipe)
+    if not torch.isnan(y[3]).any():
+        raise NumericsError(f"recipe {recipe.name}: a NaN in row 3 of x gave a finite row 3 of y")
+    return None
+
+
+def check_shapes(backend: Any, recipe: Recipe, gen: torch.Generator, numerics: Any = None) -> str | None:
+    """3D input [B, S, K] gives [B, S, N] in the recipe's output dtype, equal to the 2D call."""
+    linear = linear_of(backend)
+    if linear is None:
+        return "backend has neither linear nor gemm"
+    x, w, b = _inputs(gen, _device(backend))
+    with torch.no_grad():
+        y3 = linear(x.view(2, _M // 2, _K), w, b, recipe)
+        y2 = linear(x, w, b, recipe)
+    if y3.shape != (2, _M // 2, _N) or y3.dtype != recipe.out_dtype:
+        raise NumericsError(f"recipe {recipe.name}: 3D input gave shape {tuple(y3.shape)} {y3.dtype}, "
+                            f"expected {(2, _M // 2, _N)} {recipe.out_dtype}")
+    _bitwise(numerics, y3.reshape(_M, _N), y2, recipe=recipe.name, layer="3D vs 2D", direction="fwd")
+    return None

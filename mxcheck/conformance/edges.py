@@ -1,0 +1,125 @@
+"""Edge shapes: every backend computes correctly or raises a clear error naming the dim."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import torch
+
+from mxcheck.assertions import NumericsError
+from mxcheck.conformance._common import (
+    _ALLOWED_ERRORS,
+    LINEAR_SNR_FLOORS,
+    SAME_OPERANDS_FLOOR_DB,
+    _assert_in_bound,
+    _device,
+    _linear,
+    _oracle_pair,
+    _Reference,
+    _snr,
+    linear_of,
+)
+from mxcheck.recipes import Recipe
+
+# name -> (M, N, K, where it comes from). Linear shapes (M tokens, N out, K in); the linear
+# path also runs dgrad (contracting N) and wgrad (contracting M). Dims that are not the edge
+# are capped so the sweep stays cheap on a CPU; tests/conformance/test_edge_shapes.py checks
+# the Flux rows against mxcheck.flux's table.
+EDGE_SHAPES: dict[str, tuple[int, int, int, str]] = {
+    "img_in-K64": (32, 128, 64, "Flux img_in fwd and final_layer dgrad: K = 64 (N capped from 3072)"),
+    "final_layer-N64": (32, 64, 256, "Flux final_layer.linear fwd: N = out_channels = 64 (K capped from 3072)"),
+    "modulation-M1": (1, 128, 256, "adaLN modulation at batch 1: M = batch (N, K capped from 18432, 3072)"),
+    "modulation-M2": (2, 128, 256, "adaLN modulation at batch 2; its wgrad contracts K = batch = 2"),
+    "modulation-M64": (64, 128, 256, "adaLN modulation at batch 64"),
+    "K384-Kmod256": (32, 64, 384, "K % 256 != 0: aiter#4176 gemm_a4w4 returned garbage, no error"),
+    "K96-Kmod128": (32, 64, 96, "K % 32 == 0, K % 128 != 0 (mxfp4 pads K to 128)"),
+    "K48-Kmod32": (32, 64, 48, "K % 32 != 0 (an NVFP4 16-block tiles it, an MX 32-block does not)"),
+    "K40-Kmod16": (32, 64, 40, "K % 16 != 0"),
+    "M13": (13, 64, 128, "M % 16 != 0"),
+    "M40": (40, 64, 128, "M % 32 != 0"),
+    "M200": (200, 64, 128, "M % 128 != 0"),
+}
+
+
+def _names_a_dim(msg: str, dims: dict[str, int]) -> bool:
+    """The message names a dim: 'K=40', 'K (40)', or one of the values as a number."""
+    return any(re.search(rf"(?<![\w.]){v}(?![\w.])", msg) or re.search(rf"\b{d}\b", msg)
+               for d, v in dims.items())
+
+
+def _raised(e: Exception, what: str, dims: dict[str, int]) -> str:
+    msg = str(e).splitlines()[0] if str(e) else ""
+    if not isinstance(e, _ALLOWED_ERRORS):
+        raise NumericsError(f"{what} at {dims} raised {type(e).__name__}, not ValueError/TypeError/"
+                            f"NotImplementedError: validate the shape and name the dim ({msg[:200]})") from e
+    if not _names_a_dim(msg, dims):
+        raise NumericsError(f"{what} at {dims} raised {type(e).__name__} without naming M, N or K: {msg[:200]}")
+    return f"raised: {type(e).__name__}: {msg[:160]}"
+
+
+def _edge_gemm(backend: Any, recipe: Recipe, gen: torch.Generator, m: int, n: int, k: int) -> str:
+    dims = {"M": m, "N": n, "K": k}
+    try:
+        a, b = _oracle_pair(recipe, gen, _device(backend), m, n, k)
+    except ValueError as e:
+        return f"n/a: the oracle cannot quantize this shape ({str(e).splitlines()[0][:120]})"
+    try:
+        got = backend.gemm(a, b, out_dtype=torch.float32)
+    except Exception as e:  # the error type is the finding
+        return _raised(e, f"gemm of recipe {recipe.name}", dims)
+    _assert_in_bound(got, a, b, f"gemm of recipe {recipe.name} at M={m} N={n} K={k}")
+    return "correct"
+
+
+def _edge_linear(backend: Any, recipe: Recipe, gen: torch.Generator, numerics: Any,
+                 m: int, n: int, k: int, name: str) -> str:
+    dims = {"M": m, "N": n, "K": k}
+    x0 = torch.randn(m, k, generator=gen).to(_device(backend))
+    w0 = (torch.randn(n, k, generator=gen) / k**0.5).to(x0.device)
+    b0 = torch.randn(n, generator=gen).to(x0.device)
+    dy = torch.randn(m, n, generator=gen).to(x0.device)
+    try:
+        x, w, _, y = _linear(backend, x0, w0, b0, recipe)
+        y.backward(dy.to(y.dtype))
+    except Exception as e:  # the error type is the finding
+        return _raised(e, f"linear of recipe {recipe.name}", dims)
+    got = {"fwd": y, "dgrad": x.grad, "wgrad": w.grad}
+    try:
+        rx, rw, _, ry = _linear(_Reference(), x0, w0, b0, recipe)
+        ry.backward(dy.to(ry.dtype))
+        ref, floor, layer = {"fwd": ry, "dgrad": rx.grad, "wgrad": rw.grad}, SAME_OPERANDS_FLOOR_DB, "vs reference Function"
+    except ValueError:  # the oracle refuses the shape; the backend computed: hold it to float64 truth
+        xd, wd = x0.double(), w0.double()
+        ref = {"fwd": xd @ wd.T + b0.double(), "dgrad": dy.double() @ wd, "wgrad": dy.double().T @ xd}
+        floor, layer = LINEAR_SNR_FLOORS.get(recipe.name, 10.0), "vs float64 truth"
+    for direction, r in ref.items():
+        if got[direction] is None:
+            raise NumericsError(f"linear of recipe {recipe.name} at M={m} N={n} K={k} gave no {direction}")
+        _snr(numerics, got[direction].double(), r.double(), floor, recipe=recipe.name,
+             layer=f"edge {name}: {layer}", direction=direction, m=m, n=n, k=k)
+    return "correct"
+
+
+def edge_shape_outcome(backend: Any, recipe: Recipe, name: str, gen: torch.Generator,
+                       numerics: Any = None) -> dict[str, str]:
+    """{"gemm": outcome, "linear": outcome} at EDGE_SHAPES[name]; an outcome is "correct",
+    "raised: <error>" or "n/a: ..."; garbage raises NumericsError."""
+    if name not in EDGE_SHAPES:
+        raise ValueError(f"edge shape {name!r} is not known; expected one of {sorted(EDGE_SHAPES)}")
+    m, n, k, _ = EDGE_SHAPES[name]
+    out = {}
+    if hasattr(backend, "gemm"):
+        out["gemm"] = _edge_gemm(backend, recipe, gen, m, n, k)
+    if linear_of(backend) is not None:
+        out["linear"] = _edge_linear(backend, recipe, gen, numerics, m, n, k, name)
+    return out
+
+
+def check_edge_shapes(backend: Any, recipe: Recipe, gen: torch.Generator, numerics: Any = None) -> str | None:
+    """Every EDGE_SHAPES entry computes correctly or raises a clear error naming the dim."""
+    if not hasattr(backend, "gemm") and linear_of(backend) is None:
+        return "backend has neither gemm nor linear"
+    for name in EDGE_SHAPES:
+        edge_shape_outcome(backend, recipe, name, gen, numerics)
+    return None
