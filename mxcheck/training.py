@@ -55,6 +55,7 @@ class TrainConfig:
     weight_decay: float = 0.0
     seed: int = 0
     break_zero_init_std: float = 0.02
+    device: str = "cpu"  # data and model live here; random draws stay on CPU generators
 
 
 @dataclass
@@ -86,8 +87,8 @@ def flow_matching_loss(model: nn.Module, data: dict[str, torch.Tensor], generato
                        dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """MSE between the model's prediction at x_t and the velocity target noise - x0."""
     x0 = data["x0"]
-    t = logit_normal(x0.shape[0], generator)
-    noise = torch.randn(x0.shape, generator=generator)
+    t = logit_normal(x0.shape[0], generator).to(x0.device)
+    noise = torch.randn(x0.shape, generator=generator).to(x0.device)
     x_t = (1 - t[:, None, None]) * x0 + t[:, None, None] * noise
     cond = {k: (v.to(dtype) if k in ("txt", "y", "guidance") else v) for k, v in data.items() if k != "x0"}
     pred = model(img=x_t.to(dtype), timesteps=t.to(dtype), **cond)
@@ -121,15 +122,16 @@ def make_model(cfg: TrainConfig, recipe: str | None = None, backend: str = "emul
     gen = torch.Generator().manual_seed(cfg.seed)
     model = init_weights(Flux(cfg.model), "primus", generator=gen)
     break_zero_init(model, cfg.break_zero_init_std, generator=gen)
-    model = model.to(torch.bfloat16)
+    model = model.to(device=cfg.device, dtype=torch.bfloat16)
     if recipe is not None:
         quantize_model(model, recipe, backend)
     return model
 
 
 def _dataset(cfg: TrainConfig) -> dict[str, torch.Tensor]:
-    return synthetic_dataset(cfg.model, cfg.samples, cfg.img_tokens, cfg.txt_tokens,
+    data = synthetic_dataset(cfg.model, cfg.samples, cfg.img_tokens, cfg.txt_tokens,
                              torch.Generator().manual_seed(cfg.seed + 1))
+    return {k: v.to(cfg.device) for k, v in data.items()}
 
 
 @torch.no_grad()

@@ -143,3 +143,4 @@ def test_quantize_model_is_used_by_make_model():
     assert len(quantized_linears(model)) == 10
     with pytest.raises(ValueError, match=r"matched no nn\.Linear"):
         quantize_model(model, "fp8", include=("nothing",))
+
