@@ -288,3 +288,15 @@ def test_torch_scaled_mm_matches_emulated_gemm(granularity):
     assert with_bias.shape == (m, n) and with_bias.dtype == torch.bfloat16
     ref = (exact + bias.double()).to(torch.bfloat16).double()
     assert ((with_bias.double() - ref).abs() <= 2 * ref.abs() * 2.0**-8 + 1e-2).all()
+
+
+@pytest.mark.parametrize(("n", "k"), [(64, 40), (40, 64)])
+def test_scaled_mm_refuses_dims_cublas_cannot_take_with_a_clear_error(n, k):
+    # checked before any CUDA call, so this runs on a CPU: cuBLASLt would raise a RuntimeError
+    from mxcheck.backends.torch_scaled_mm import scaled_mm_nt
+    from mxcheck.scaling.fp8 import fp8_quantize
+
+    a = fp8_quantize(torch.randn(32, k), "e4m3")
+    b = fp8_quantize(torch.randn(n, k), "e4m3")
+    with pytest.raises(ValueError, match=f"multiples of 16; got M=32 N={n} K={k}"):
+        scaled_mm_nt(a, b)

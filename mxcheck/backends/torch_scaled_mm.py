@@ -69,6 +69,8 @@ def scaled_mm_nt(a: FP8Tensor, b: FP8Tensor, *, out_dtype: torch.dtype = torch.b
     n, kb = b.codes.shape
     if k != kb:
         raise ValueError(f"K mismatch: a is {tuple(a.codes.shape)}, b is {tuple(b.codes.shape)} (NT: b is [N, K])")
+    if k % 16 or n % 16:  # cuBLASLt FP8: else a RuntimeError from inside torch, not naming the dim
+        raise ValueError(f"torch._scaled_mm (cuBLASLt FP8) needs K and N multiples of 16; got M={m} N={n} K={k}")
     if a.granularity != b.granularity:
         raise ValueError(f"a is {a.granularity}-scaled and b is {b.granularity}-scaled; torch._scaled_mm "
                          "takes both tensorwise or both rowwise")
