@@ -37,7 +37,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from mxcheck.assertions import NumericsError
-from mxcheck.flux.quantize import DEFAULT_INCLUDE
+from mxcheck.flux.quantize import DEFAULT_INCLUDE, patterns
 from mxcheck.ops import in_oracle
 from mxcheck.recipes import Recipe, get_recipe
 
@@ -242,9 +242,11 @@ class PrecisionManifest(TorchDispatchMode):
         ``directions`` defaults to fwd, plus dgrad and wgrad when a backward was traced.
         """
         recipe = get_recipe(recipe)
-        include = tuple(include)
-        dirs = tuple(directions) if directions is not None else (
+        include = patterns(include, "include")
+        dirs = patterns(directions, "directions") if directions is not None else (
             DIRECTIONS if self.backward_seen else ("fwd",))
+        if unknown := [d for d in dirs if d not in DIRECTIONS]:
+            raise ValueError(f"directions={dirs!r}: {unknown} not among {DIRECTIONS}")
         layers = [n for n in self._names if any(fnmatch.fnmatchcase(n, p) for p in include)]
         if not layers:
             raise PrecisionError(f"include={include!r} matches no linear of the traced model")

@@ -123,9 +123,9 @@ def test_guidance_config_requires_guidance():
         model(**inputs)
 
 
-def test_token_order_is_text_then_image():
-    # Image tokens attend to text: changing only the text changes the image output; and the
-    # output has exactly the image tokens.
+def test_image_output_depends_on_the_text_and_keeps_only_image_tokens():
+    # Joint attention reaches the image tokens from the text: changing only the text changes
+    # the image output; and the output has exactly the image tokens (text dropped at the end).
     model = _model()
     a = _inputs()
     b = dict(a, txt=a["txt"] + 1.0)
@@ -225,6 +225,8 @@ def test_quantize_model_refuses_what_it_cannot_do():
         quantize_model(_model(), "mxfp8", include=("nothing.*",))
     with pytest.raises(ValueError, match="recipe"):
         quantize_model(_model(), "mxfp5")
+    with pytest.raises(TypeError, match=r"include='single_blocks\.\*': expected an iterable"):
+        quantize_model(_model(), "mxfp8", include="single_blocks.*")
 
 
 def test_quantized_forward_names_the_layer_on_a_bad_token_count():

@@ -95,6 +95,10 @@ def test_forward_only_trace_checks_fwd_and_a_layer_that_never_ran_is_an_error():
     m.check("fp8")
     with pytest.raises(PrecisionError, match="dgrad: no GEMM recorded"):
         m.check("fp8", directions=("fwd", "dgrad"))
+    with pytest.raises(ValueError, match=r"\['bwd'\] not among"):
+        m.check("fp8", directions=("bwd",))
+    with pytest.raises(TypeError, match="include="):
+        m.check("fp8", include="double_blocks.*")
 
 
 def test_tracing_changes_no_numerics():

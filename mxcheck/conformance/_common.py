@@ -46,6 +46,9 @@ def _fwd_operands(recipe: Recipe, x: torch.Tensor, w: torch.Tensor) -> tuple[Any
     return quantize_operand(x, recipe.x_row), quantize_operand(w, recipe.w_row)
 
 
+NO_LINEAR = "backend has neither linear nor gemm"  # the skip reason of every linear check
+
+
 def linear_of(backend: Any) -> Callable[..., torch.Tensor] | None:
     """``linear(x, w, b, recipe)`` of a backend: its own, or for a GEMM-only backend (Triton,
     ``torch._scaled_mm``) the reference Function running its GEMMs on the oracle's operands."""

@@ -10,6 +10,7 @@ from mxcheck import thresholds
 from mxcheck.assertions import NumericsError
 from mxcheck.conformance._common import (
     LINEAR_SNR_FLOORS,
+    NO_LINEAR,
     SAME_OPERANDS_FLOOR_DB,
     _assert_in_bound,
     _bitwise,
@@ -63,7 +64,7 @@ def check_linear(backend: Any, recipe: Recipe, gen: torch.Generator, numerics: A
     """fwd, dgrad, wgrad and bias grad above the recipe's SNR floor against float64 truth, and
     close to the reference Function given the same quantized operands."""
     if linear_of(backend) is None:
-        return "backend has neither linear nor gemm"
+        return NO_LINEAR
     floor = LINEAR_SNR_FLOORS.get(recipe.name)
     if floor is None:
         return f"no SNR floor for recipe {recipe.name}"
@@ -93,7 +94,7 @@ def check_weight_change(backend: Any, recipe: Recipe, gen: torch.Generator, nume
     """A second call with a changed weight changes the output (no stale cached quantization)."""
     linear = linear_of(backend)
     if linear is None:
-        return "backend has neither linear nor gemm"
+        return NO_LINEAR
     x, w, b = _inputs(gen, _device(backend))
     with torch.no_grad():
         y1 = linear(x, w, b, recipe)
@@ -107,7 +108,7 @@ def check_weight_change(backend: Any, recipe: Recipe, gen: torch.Generator, nume
 def check_repeatable(backend: Any, recipe: Recipe, gen: torch.Generator, numerics: Any = None) -> str | None:
     """Repeat calls are bit-identical (recipes without SR; SR recipes with the same seed)."""
     if linear_of(backend) is None:
-        return "backend has neither linear nor gemm"
+        return NO_LINEAR
     x, w, b = _inputs(gen, _device(backend))
     outs = [_linear(backend, x, w, b, recipe, seed=7)[3].detach() for _ in range(2)]
     _bitwise(numerics, outs[1], outs[0], recipe=recipe.name, layer="repeat call", direction="fwd")
@@ -118,7 +119,7 @@ def check_nan_propagates(backend: Any, recipe: Recipe, gen: torch.Generator, num
     """NaN in gives NaN out (in that row), never a silent finite value."""
     linear = linear_of(backend)
     if linear is None:
-        return "backend has neither linear nor gemm"
+        return NO_LINEAR
     x, w, b = _inputs(gen, _device(backend))
     x[3, 5] = float("nan")
     with torch.no_grad():
@@ -132,7 +133,7 @@ def check_shapes(backend: Any, recipe: Recipe, gen: torch.Generator, numerics: A
     """3D input [B, S, K] gives [B, S, N] in the recipe's output dtype, equal to the 2D call."""
     linear = linear_of(backend)
     if linear is None:
-        return "backend has neither linear nor gemm"
+        return NO_LINEAR
     x, w, b = _inputs(gen, _device(backend))
     with torch.no_grad():
         y3 = linear(x.view(2, _M // 2, _K), w, b, recipe)

@@ -64,6 +64,14 @@ class QuantLinear(nn.Module):
                 f"bias={self.bias is not None}, recipe={self.recipe.name}, backend={self.backend.name}")
 
 
+def patterns(value: Iterable[str], name: str) -> tuple[str, ...]:
+    """fnmatch patterns as a tuple; a bare string is refused (tuple("a*") would be ("a", "*"),
+    and "*" matches every layer)."""
+    if isinstance(value, str):
+        raise TypeError(f"{name}={value!r}: expected an iterable of fnmatch patterns, e.g. ({value!r},)")
+    return tuple(value)
+
+
 def _matches(name: str, patterns: Iterable[str]) -> bool:
     return any(fnmatch.fnmatchcase(name, p) for p in patterns)
 
@@ -84,7 +92,7 @@ def quantize_model(model: nn.Module, recipe: str | Recipe, backend: Any = "emula
     ok, why = backend.supports(recipe)
     if not ok:
         raise ValueError(f"backend {backend.name} does not support recipe {recipe.name}: {why}")
-    include, exclude = tuple(include), tuple(exclude)
+    include, exclude = patterns(include, "include"), patterns(exclude, "exclude")
     targets = [(name, mod) for name, mod in model.named_modules()
                if isinstance(mod, nn.Linear) and _matches(name, include) and not _matches(name, exclude)]
     if not targets:
