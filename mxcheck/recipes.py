@@ -124,6 +124,7 @@ _MXFP4_WGRAD = replace(_MXFP4, hadamard="h16x2")
 _E5M2_T = OperandSpec("e5m2", "tensor", scale_formula="primus_turbo")
 _E4M3_T = OperandSpec("e4m3", "tensor", scale_formula="primus_turbo")
 _NVFP4 = OperandSpec("e2m1", "nvfp4", block_size=16)
+_E4M3_ROW_POW2 = OperandSpec("e4m3", "row", scale_formula="te", power_of_2=True)
 
 RECIPES: dict[str, Recipe] = {r.name: r for r in (
     Recipe("mxfp4", x_row=_MXFP4, w_row=_MXFP4_W, g_row=_MXFP4, w_col=_MXFP4_W, g_col=_MXFP4_WGRAD,
@@ -151,6 +152,17 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
            w_col=replace(_NVFP4, block_2d=True), g_col=replace(_NVFP4, rounding="sr", hadamard="h16_te"),
            x_col=replace(_NVFP4, hadamard="h16_te"),
            source="TE NVFP4BlockScaling: 2D 16x16 weights, RHT on the wgrad pair, SR on gradients"),
+    # Derived recipes: what torchao's linears compute, where no recipe above matches them.
+    Recipe("mxfp4-1x32", **_all(OperandSpec("e2m1", "mx", scale_rule="even")),
+           source="torchao 0.18 prototype/moe_training/mxfp8_linear.py::mx_mm with float4_e2m1fn_x2 and "
+                  "ScaleCalculationMode.EVEN",
+           notes=("mxfp4 without its 2D weight blocks, wgrad Hadamard and K padding: every operand in "
+                  "1x32 blocks along its contraction axis",)),
+    Recipe("fp8-rowwise", **_all(_E4M3_ROW_POW2),
+           source="torchao 0.18 float8/config.py Float8LinearRecipeName.ROWWISE: e4m3 everywhere, "
+                  "axiswise along the contraction dim, round_scales_to_power_of_2=True",
+           notes=("scale 448 / amax floored to a power of two; torchao floors with exp2(floor(log2(s))) in "
+                  "float32, which rounds up for a scale a few ulps under 2^k (mxcheck masks the bits)",)),
 )}
 
 

@@ -83,6 +83,8 @@ LINEAR_SNR_FLOORS: dict[str, Floor] = {
     "fp8-hybrid": Floor(20.0, "e5m2 gradients: measured 24.5 dB; anchor hybrid > 20"),
     "mxfp8": Floor(25.0, "measured 28.4-28.5 dB"),
     "nvfp4": Floor(10.0, "measured 15.1-16.7 dB (SR gradients cost ~1.5 dB)"),
+    "mxfp4-1x32": Floor(10.0, "measured 16.0-19.0 dB (1x32 even blocks, no rotation)"),
+    "fp8-rowwise": Floor(25.0, "measured 28.5-31.5 dB (rowwise e4m3, power-of-2 scales)"),
 }
 BGRAD_FLOOR_DB = 35.0  # a float32 column sum of the unquantized dY: measured 55 dB; anchor > 35
 

@@ -47,6 +47,8 @@ FLOORS = {
     "fp8-delayed": (E4M3, E5M2, E5M2),
     "mxfp8": (E4M3, E4M3, E4M3),
     "nvfp4": (12.0, 12.0, 12.0),
+    "mxfp4-1x32": (12.0, 12.0, 12.0),
+    "fp8-rowwise": (E4M3, E4M3, E4M3),
 }
 BGRAD_FLOOR = 50.0
 SR_RECIPES = [RECIPES["nvfp4"], RECIPES["mxfp4"].with_gradient_sr()]
@@ -284,7 +286,7 @@ def test_fused_wgrad_refuses_a_float32_main_grad_naming_layer_and_dtype(gen):
 
 @pytest.mark.parametrize("recipe", [r for r in RECIPES if is_fp8_backward(RECIPES[r])])
 def test_fused_wgrad_refuses_an_fp8_backward(recipe, gen):
-    assert recipe in ("mxfp4-fp8bwd", "fp8", "fp8-hybrid", "fp8-delayed")
+    assert recipe in ("mxfp4-fp8bwd", "fp8", "fp8-hybrid", "fp8-delayed", "fp8-rowwise")
     x, w, b, _ = inputs(gen)
     with pytest.raises(ValueError, match=rf"layer proj: recipe {recipe} has an FP8 backward"):
         quant_linear(x, with_main_grad(w), b, recipe, layer="proj", fuse_wgrad_into_main_grad=True,

@@ -1,37 +1,69 @@
-"""torchao's MX quantizer (``torchao.prototype.mx_formats.mx_tensor.to_mx``) behind the Backend
-protocol: quantize only.
+"""torchao (0.18) behind the Backend protocol: its MX quantizer and its quantized linears.
 
-This backend has no ``gemm`` and no ``linear``: torchao's MX GEMMs dispatch through
-``MXTensor`` subclass ops (or cuBLAS / CUTLASS kernels on sm100) rather than a
-codes-and-scales call, so only its quantizer is checked here.
+quantize: ``torchao.prototype.mx_formats.mx_tensor.to_mx(x, elem_dtype, 32,
+ScaleCalculationMode(rule))`` returns (E8M0 scales, data) with 1x32 blocks along the last
+axis, for rules floor, ceil, even and rceil; fp4 data is packed two per byte, low nibble =
+even index; fp6 and fp8 hold one code per byte. It matches mxcheck's ``mx_quantize`` except
+in blocks whose scale byte is 0 (torchao divides by 2**-126 for FLOOR and by 1.0 for RCEIL,
+see ``mxcheck.profiles`` torchao.floor / torchao.rceil), which randn data never produces.
+2D blocks, Hadamard rotations, stochastic rounding and a non-zero ``zero_scale`` are not in
+torchao's quantizer, and quantize() refuses them by name.
 
-``to_mx(x, elem_dtype, 32, ScaleCalculationMode(rule))`` returns (E8M0 scales, data) with
-1x32 blocks along the last axis, for rules floor, ceil, even and rceil; fp4 data is packed
-two per byte, low nibble = even index; fp6 and fp8 hold one code per byte. It matches
-mxcheck's ``mx_quantize`` except in blocks whose scale byte is 0 (torchao divides by
-2**-126 for FLOOR and by 1.0 for RCEIL, see ``mxcheck.profiles`` torchao.floor /
-torchao.rceil), which randn data never produces. 2D blocks, Hadamard rotations, stochastic
-rounding and a non-zero ``zero_scale`` are not in torchao's quantizer, and quantize()
-refuses them by name.
+linear: torchao 0.18 has no ``MXLinear`` any more; its quantized training linears are
+(``linear_plan`` maps a recipe to one of them, or says why none matches):
+
+* MX: ``prototype/moe_training/mxfp8_linear.py::mx_mm``, the autograd Function behind
+  ``MXFP8Linear``: the six operand copies quantized with ``to_mx`` along each GEMM's
+  contraction axis (``MXTensor.to_mx`` dim0 casts, ``t().contiguous()`` dim1 casts) and
+  multiplied by the emulated MX GEMM (dequantize to the input dtype, ``torch.mm``), on any
+  device. e4m3 runs through ``MXFP8Linear`` itself (``kernel_preference=EMULATED``); other
+  element formats (e2m1: recipe ``mxfp4-1x32``) through ``mx_mm`` directly, as nothing in
+  0.18 wraps them. One ``ScaleCalculationMode`` for all operands. Recipe ``mxfp8`` is
+  MXFP8Linear's default (RCEIL).
+* FP8: ``float8/float8_linear.py::Float8Linear`` with ``Float8LinearConfig``: tensorwise
+  (``fp8`` with e4m3 gradients, ``fp8-hybrid`` = torchao's default e5m2 gradients) and
+  ROWWISE (``fp8-rowwise``). torchao's scale is ``fp8_max / clamp(amax, 1e-12)`` divided in
+  float64 and rounded to float32 (float8/float8_utils.py::amax_to_scale), bit-equal to a
+  float32 division (53 >= 2*24 + 2 makes the double rounding innocuous), so it is the
+  ``primus_turbo`` formula for 1e-12 <= amax; rowwise floors it to a power of two with
+  ``exp2(floor(log2(s)))``. The GEMM is ``torch._scaled_mm`` (sm89+ on CUDA; torch >= 2.13
+  also has a CPU kernel, probed once), the forward with ``use_fast_accum=True``
+  (config.py ``gemm_config_output``).
+
+Both are called with the caller's own tensors (``torch.func.functional_call`` for the
+modules), so gradients reach the caller's x, weight and bias through torchao's autograd.
+They run in the input's dtype (float32 or bfloat16); the output and the input / weight
+gradients are rounded to ``recipe.out_dtype`` once, as the reference Function writes them.
 """
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from mxcheck.backends.torch_scaled_mm import MIN_CAPABILITY, nvidia_missing
 from mxcheck.formats import get_format
 from mxcheck.recipes import OPERANDS, OperandSpec, Recipe, get_recipe
+from mxcheck.scaling.fp8 import FP8Tensor
 from mxcheck.scaling.mx import MXTensor
 
-__all__ = ["TORCHAO_DTYPES", "TORCHAO_SCALE_RULES", "TorchaoBackend"]
+__all__ = ["TORCHAO_DTYPES", "TORCHAO_SCALE_RULES", "LinearPlan", "TorchaoBackend", "linear_plan"]
 
 # mxcheck element format -> torchao elem_dtype (a torch dtype name, else torchao's string constant)
 TORCHAO_DTYPES = {"e2m1": "float4_e2m1fn_x2", "e2m3": "fp6_e2m3", "e3m2": "fp6_e3m2",
                   "e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}
 TORCHAO_SCALE_RULES = ("floor", "ceil", "even", "rceil")  # torchao ScaleCalculationMode values
 _INPUTS = (torch.float32, torch.bfloat16)
+# The operand copies torchao quantizes from one tensor: (forward copy, backward copy).
+_PAIRS = {"input": ("x_row", "x_col"), "weight": ("w_row", "w_col"), "grad_output": ("g_row", "g_col")}
+_MX_BLOCK = 32  # torchao's training cast asserts 32 (config.py _validate_kernel_preference)
+_FP8_MULTIPLE = 16  # torch._scaled_mm / cuBLASLt FP8: every leading dim a multiple of 16
+# torchao Float8 scale: fp8_max / clamp(amax, 1e-12) (float8_utils.py::amax_to_scale); as a
+# float32 division that is mxcheck's primus_turbo formula; rowwise floors it to 2^k (te + power_of_2).
+_FP8_FORMULAS = {"tensor": ("primus_turbo", False), "row": ("te", True)}
 
 
 def spec_refusal(spec: OperandSpec) -> str | None:
@@ -56,35 +88,171 @@ def spec_refusal(spec: OperandSpec) -> str | None:
     return None
 
 
+def fp8_spec_refusal(spec: OperandSpec) -> str | None:
+    """Why torchao's Float8 cast (tensorwise / axiswise) cannot produce ``spec``, or None."""
+    if spec.scaling not in _FP8_FORMULAS:
+        return f"torchao Float8 casts are tensorwise or rowwise; spec has scaling={spec.scaling!r}"
+    if spec.fmt not in ("e4m3", "e5m2"):
+        return f"torchao Float8Linear casts to e4m3 or e5m2 (fn types), not fmt={spec.fmt!r}"
+    formula, pow2 = _FP8_FORMULAS[spec.scaling]
+    if (spec.scale_formula, spec.power_of_2, spec.margin, spec.rounding) != (formula, pow2, 0, "rne"):
+        return (f"torchao {spec.scaling} scaling is scale_formula={formula!r} power_of_2={pow2} margin=0 rne; "
+                f"spec has {spec.scale_formula!r} power_of_2={spec.power_of_2} margin={spec.margin} "
+                f"{spec.rounding!r}")
+    return None
+
+
+@dataclass(frozen=True)
+class LinearPlan:
+    """Which torchao linear runs a recipe: ``kind`` "mx" (mx_mm) or "float8" (Float8Linear);
+    ``fmts`` are the mxcheck formats of input, weight, grad_output; ``mode`` is the
+    ScaleCalculationMode value (mx) or the FP8 granularity (float8)."""
+
+    kind: str
+    fmts: tuple[str, str, str]
+    mode: str
+
+    def fmt(self, tensor: str) -> str:
+        return self.fmts[list(_PAIRS).index(tensor)]
+
+
+def _pair_specs(r: Recipe) -> dict[str, OperandSpec] | str:
+    """input / weight / grad_output -> the one spec both its copies share, or why not."""
+    out = {}
+    for tensor, (fwd, bwd) in _PAIRS.items():
+        if r.spec(fwd) != r.spec(bwd):
+            return (f"recipe {r.name} quantizes {fwd} and {bwd} differently; torchao casts one {tensor} "
+                    "config both ways")
+        out[tensor] = r.spec(fwd)
+    return out
+
+
+def linear_plan(recipe: Recipe | str) -> LinearPlan | str:
+    """The torchao linear that computes ``recipe`` bit for bit in its quantization, or why none does."""
+    r = get_recipe(recipe)
+    mx = all(r.spec(op).scaling == "mx" for op in OPERANDS)
+    refusal = spec_refusal if mx else fp8_spec_refusal
+    why: dict[str, list[str]] = {}  # reason -> the operands it applies to
+    for op in OPERANDS:
+        if (w := refusal(r.spec(op))) is not None:
+            why.setdefault(w, []).append(op)
+    if why:
+        what = "torchao mx_mm (1x32 MX)" if mx else "torchao Float8Linear (tensorwise / rowwise)"
+        return f"recipe {r.name}: {what}: " + "; ".join(f"{', '.join(ops)}: {w}" for w, ops in why.items())
+    specs = _pair_specs(r)
+    if isinstance(specs, str):
+        return specs
+    fmts = tuple(s.fmt for s in specs.values())
+    if mx:
+        if any(s.pad_to for s in specs.values()):
+            return f"recipe {r.name} pads to {r.x_row.pad_to}; torchao mx_mm asserts whole 32-blocks instead"
+        rules = {s.scale_rule for s in specs.values()}
+        if len(rules) > 1:
+            return f"recipe {r.name} mixes scale rules {sorted(rules)}; mx_mm takes one ScaleCalculationMode"
+        return LinearPlan("mx", fmts, rules.pop())
+    grans = {s.scaling for s in specs.values()}
+    if len(grans) > 1 or fmts[:2] != ("e4m3", "e4m3"):
+        return (f"recipe {r.name}: torchao's Float8 recipes (TENSORWISE, ROWWISE) use one granularity and e4m3 "
+                f"input and weight; recipe has {sorted(grans)} and input/weight/grad_output {fmts}")
+    if grans == {"row"} and fmts[2] != "e4m3":
+        return f"recipe {r.name}: torchao ROWWISE casts grad_output to e4m3, recipe has {fmts[2]}"
+    return LinearPlan("float8", fmts, grans.pop())
+
+
+def _torch_dtype(fmt: str) -> Any:
+    name = TORCHAO_DTYPES[fmt]
+    return getattr(torch, name, name)
+
+
+@functools.cache
+def _cpu_scaled_mm() -> str | None:
+    """Why ``torch._scaled_mm`` cannot run on this CPU (torch < 2.13 has no CPU kernel), or None."""
+    try:
+        a = torch.ones(16, 16).to(torch.float8_e4m3fn)
+        one = torch.tensor(1.0)
+        torch._scaled_mm(a, a.t(), one, one, out_dtype=torch.float32)
+    except Exception as e:  # no CPU kernel raises NotImplementedError / RuntimeError
+        return f"torch {torch.__version__} has no CPU torch._scaled_mm ({type(e).__name__}: {e})"
+    return None
+
+
+def _check_operand(x: Any) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor) or x.dim() != 2:
+        raise ValueError("torchao quantize takes a 2D [rows, K] operand (K = the contraction axis), got "
+                         f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
+    if x.dtype not in _INPUTS:
+        raise TypeError(f"x.dtype={x.dtype}; torchao's casts take float32 or bfloat16")
+    return x
+
+
+def _check_dims(plan: LinearPlan, m: int, n: int, k: int) -> None:
+    """ValueError naming the GEMM dims torchao's linear cannot take (instead of its assert
+    or a cuBLASLt error): MX contracts over K, N and M in 32-blocks; _scaled_mm needs 16s."""
+    multiple, why = ((_MX_BLOCK, "mx_mm casts 1x32 blocks along K (fwd), N (dgrad) and M (wgrad)")
+                     if plan.kind == "mx" else
+                     (_FP8_MULTIPLE, "Float8Linear's torch._scaled_mm (cuBLASLt) needs every dim a multiple of 16"))
+    bad = [f"{d}={v}" for d, v in zip("MNK", (m, n, k), strict=True) if v % multiple]
+    if bad:
+        raise ValueError(f"torchao: {why}; got {', '.join(bad)} (M={m} N={n} K={k})")
+
+
+class _GradTo(torch.autograd.Function):
+    """Identity forward; backward rounds the gradient to ``dtype`` once (the dtype a bf16
+    training kernel writes dX / dW in), then back to the caller's dtype."""
+
+    @staticmethod
+    def forward(ctx: Any, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        ctx.dtype = dtype
+        return t.view_as(t)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor):
+        return g.to(ctx.dtype).to(g.dtype), None
+
+
 class TorchaoBackend:
-    """torchao's ``to_mx`` MX quantizer (quantize only; no gemm, no linear)."""
+    """torchao's MX / Float8 quantizers and its MX (mx_mm) and Float8Linear linears."""
 
     name = "torchao"
 
+    def __init__(self, device: str | None = None) -> None:
+        # torchao's emulated MX path runs anywhere; the H200 gets the same calls on CUDA.
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self._float8: dict[tuple, Any] = {}
+
     def available(self) -> tuple[bool, str]:
         try:
+            import torchao.float8  # noqa: PLC0415
+            import torchao.prototype.moe_training.mxfp8_linear  # noqa: PLC0415
             import torchao.prototype.mx_formats.mx_tensor  # noqa: F401, PLC0415
         except Exception as e:  # a vendor package may raise anything at import
-            return False, f"torchao.prototype.mx_formats not importable ({type(e).__name__}: {e})"
+            return False, f"torchao (mx_formats, moe_training, float8) not importable ({type(e).__name__}: {e})"
         return True, ""
+
+    def float8_missing(self) -> str | None:
+        """Why Float8Linear's torch._scaled_mm cannot run on this backend's device, or None."""
+        if self.device == "cpu":
+            return _cpu_scaled_mm()
+        return nvidia_missing("torchao Float8Linear (torch._scaled_mm)", MIN_CAPABILITY)
 
     def supports(self, recipe: Recipe | str) -> tuple[bool, str]:
-        """Every operand 1x32 MX with a scale rule torchao has, RNE, no rotation, zero_scale 0."""
+        """Recipes one of torchao's linears computes (``linear_plan``), on this device."""
         r = get_recipe(recipe)
-        for op in OPERANDS:
-            if (why := spec_refusal(r.spec(op))) is not None:
-                return False, f"torchao: recipe {r.name} {op}: {why}"
+        plan = linear_plan(r)
+        if isinstance(plan, str):
+            return False, f"torchao: {plan}"
+        if plan.kind == "float8" and (why := self.float8_missing()) is not None:
+            return False, f"torchao: recipe {r.name} needs Float8Linear: {why}"
         return True, ""
 
-    def quantize(self, x: torch.Tensor, spec: OperandSpec) -> MXTensor:
-        """Quantize the NT operand x [rows, K] along K (the last axis) with torchao's to_mx."""
+    def quantize(self, x: torch.Tensor, spec: OperandSpec) -> MXTensor | FP8Tensor:
+        """Quantize the NT operand x [rows, K] along K (the last axis): MX specs with torchao's
+        to_mx, FP8 tensorwise / rowwise specs with torchao's Float8 cast."""
+        if spec.scaling != "mx" and fp8_spec_refusal(spec) is None:
+            return self._quantize_fp8(_check_operand(x), spec)
         if (why := spec_refusal(spec)) is not None:
             raise ValueError(why)
-        if not isinstance(x, torch.Tensor) or x.dim() != 2:
-            raise ValueError("torchao quantize takes a 2D [rows, K] operand (K = the contraction axis), got "
-                             f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
-        if x.dtype not in _INPUTS:
-            raise TypeError(f"x.dtype={x.dtype}; torchao to_mx takes float32 or bfloat16")
+        x = _check_operand(x)
         from torchao.prototype.mx_formats.config import ScaleCalculationMode  # noqa: PLC0415
         from torchao.prototype.mx_formats.mx_tensor import to_mx  # noqa: PLC0415
 
@@ -108,3 +276,82 @@ class TorchaoBackend:
         return MXTensor(codes=codes.contiguous(), scales=scales.contiguous(), fmt=get_format(spec.fmt),
                         block_size=32, axis=1, shape=(rows, k), scale_rule=spec.scale_rule,
                         rounding=spec.rounding, zero_scale=spec.zero_scale)
+
+    def _quantize_fp8(self, x: torch.Tensor, spec: OperandSpec) -> FP8Tensor:
+        # float8_scaling_utils / float8_training_tensor: tensor_to_scale, then
+        # hp_tensor_and_scale_to_float8 (x.float() * scale, saturating cast).
+        from torchao.float8.config import ScalingGranularity  # noqa: PLC0415
+        from torchao.float8.float8_training_tensor import hp_tensor_and_scale_to_float8  # noqa: PLC0415
+        from torchao.float8.float8_utils import tensor_to_scale  # noqa: PLC0415
+
+        rowwise = spec.scaling == "row"
+        gran = ScalingGranularity.AXISWISE if rowwise else ScalingGranularity.TENSORWISE
+        dtype = _torch_dtype(spec.fmt)
+        scale = tensor_to_scale(x, dtype, scaling_granularity=gran, axiswise_dim=-1 if rowwise else None,
+                                round_scales_to_power_of_2=spec.power_of_2)
+        t = hp_tensor_and_scale_to_float8(x, scale, dtype, axiswise_dim=-1 if rowwise else None)
+        amax = torch.amax(x.abs().float(), dim=-1, keepdim=True) if rowwise else x.abs().float().amax()
+        return FP8Tensor(codes=t._data.view(torch.uint8), scale_inv=torch.reciprocal(t._scale), fmt=get_format(spec.fmt),
+                         granularity=spec.scaling, scale=t._scale, amax=amax)
+
+    def _float8_module(self, plan: LinearPlan, k: int, n: int, has_bias: bool) -> Any:
+        key = (plan, k, n, has_bias)
+        if key not in self._float8:
+            from torchao.float8 import CastConfig, Float8LinearConfig, ScalingGranularity  # noqa: PLC0415
+            from torchao.float8.float8_linear import Float8Linear  # noqa: PLC0415
+
+            if plan.mode == "row":
+                config = Float8LinearConfig.from_recipe_name("rowwise")
+            else:  # torchao's TENSORWISE default has e5m2 grad_output; an e4m3 one is set explicitly
+                config = Float8LinearConfig(cast_config_grad_output=CastConfig(
+                    scaling_granularity=ScalingGranularity.TENSORWISE,
+                    target_dtype=_torch_dtype(plan.fmt("grad_output"))))
+            with torch.device("meta"):
+                self._float8[key] = Float8Linear.from_float(torch.nn.Linear(k, n, bias=has_bias), config=config)
+        return self._float8[key]
+
+    def _mx_linear(self, plan: LinearPlan, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None):
+        from torchao.prototype.moe_training.mxfp8_linear import MXFP8Linear, mx_mm  # noqa: PLC0415
+        from torchao.prototype.mx_formats.config import (  # noqa: PLC0415
+            MXFP8Dim0CastKernelChoice,
+            MXFP8Dim1CastKernelChoice,
+            ScaleCalculationMode,
+        )
+        from torchao.quantization.quantize_.common.kernel_preference import KernelPreference  # noqa: PLC0415
+
+        mode = ScaleCalculationMode(plan.mode)
+        if set(plan.fmts) == {"e4m3"}:  # torchao's own module (its forward: mx_mm + bias)
+            with torch.device("meta"):
+                m = MXFP8Linear(w.shape[1], w.shape[0], bias=b is not None,
+                                kernel_preference=KernelPreference.EMULATED, scale_calculation_mode=mode)
+            params = {"weight": w} | ({} if b is None else {"bias": b})
+            return torch.func.functional_call(m, params, (x,))
+        y = mx_mm.apply(x, w, *(_torch_dtype(f) for f in plan.fmts), _MX_BLOCK,
+                        KernelPreference.EMULATED, MXFP8Dim0CastKernelChoice.TORCH,
+                        MXFP8Dim1CastKernelChoice.TORCH, mode, False)
+        return y if b is None else y + b.to(y.dtype)
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+               recipe: Recipe | str) -> torch.Tensor:
+        """``x[..., K] @ weight[N, K]^T + bias`` on torchao's linear for ``recipe``; autograd-capable."""
+        r = get_recipe(recipe)
+        plan = linear_plan(r)
+        if isinstance(plan, str):
+            raise ValueError(f"torchao: {plan}")
+        if x.dtype not in _INPUTS:
+            raise TypeError(f"x.dtype={x.dtype}; torchao's linears run in float32 or bfloat16")
+        n, k = weight.shape
+        if x.shape[-1] != k:
+            raise ValueError(f"x has K={x.shape[-1]} but weight is {tuple(weight.shape)} ([N, K])")
+        x2d = x.reshape(-1, k)
+        _check_dims(plan, x2d.shape[0], n, k)
+        # torchao runs in the input's dtype; gradients leave in recipe.out_dtype (see _GradTo)
+        xi = _GradTo.apply(x2d, r.out_dtype)
+        wi = _GradTo.apply(weight, r.out_dtype).to(x.dtype)
+        bi = None if bias is None else bias.to(x.dtype)
+        if plan.kind == "mx":
+            y = self._mx_linear(plan, xi, wi, bi)
+        else:
+            params = {"weight": wi} | ({} if bi is None else {"bias": bi})
+            y = torch.func.functional_call(self._float8_module(plan, k, n, bias is not None), params, (xi,))
+        return y.to(r.out_dtype).reshape(*x.shape[:-1], n)
