@@ -57,6 +57,7 @@ def _raw(q: object) -> dict[str, torch.Tensor | None]:
 
 
 def quantize_all(t: dict[str, torch.Tensor]) -> dict[str, dict]:
+    import transformer_engine.pytorch  # noqa: F401  (loads the transformer_engine_torch extension first)
     import transformer_engine_torch as tex
     from transformer_engine.pytorch.tensor.float8_blockwise_tensor import Float8BlockQuantizer
     from transformer_engine.pytorch.tensor.float8_tensor import (
