@@ -129,14 +129,15 @@ def two_runs(tmp_path_factory):
     for name in ("a", "b"):
         out = tmp_path_factory.mktemp("torchrun") / f"{name}.json"
         done, seconds = _torchrun(out, "--recipe", "mxfp8")
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-        runs.append((Report.load(out), done.stdout, seconds))
+        assert out.exists(), done.stdout[-3000:] + done.stderr[-3000:]  # each test checks its part
+        runs.append((Report.load(out), done, seconds))
     return runs
 
 
 def test_both_ranks_records_are_merged_once_on_rank_0(two_runs):
-    report, stdout, _ = two_runs[0]
-    assert stdout.count("records from 2 ranks (gloo)") == 1  # only rank 0 merged and wrote
+    report, done, _ = two_runs[0]
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert done.stdout.count("records from 2 ranks (gloo)") == 1  # only rank 0 merged and wrote
     per_rank = [(r.layer, r.kind, r.extra["rank"], r.extra["world_size"])
                 for r in report.records if r.test_id.endswith("::collect")]
     assert per_rank == [("rank0/model", "precision", 0, 2), ("rank0/output", "snr", 0, 2),
