@@ -33,6 +33,7 @@ __all__ = [
     "check_loss_falls",
     "check_tracks",
     "eval_loss",
+    "flow_matching_batch",
     "flow_matching_loss",
     "logit_normal",
     "make_model",
@@ -83,16 +84,30 @@ def synthetic_dataset(config: FluxConfig | str, samples: int, img_tokens: int, t
     return data
 
 
-def flow_matching_loss(model: nn.Module, data: dict[str, torch.Tensor], generator: torch.Generator,
-                       dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    """MSE between the model's prediction at x_t and the velocity target noise - x0."""
+def flow_matching_batch(data: dict[str, torch.Tensor], generator: torch.Generator,
+                        dtype: torch.dtype = torch.bfloat16, rows: slice | None = None,
+                        ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """(model inputs at x_t, velocity target noise - x0) for one step's draw of t and noise.
+
+    ``rows`` keeps a slice of the batch (a data-parallel rank's shard). t and noise are drawn
+    for the whole batch first, so the ranks together see exactly a single process's draws.
+    """
     x0 = data["x0"]
     t = logit_normal(x0.shape[0], generator).to(x0.device)
     noise = torch.randn(x0.shape, generator=generator).to(x0.device)
+    if rows is not None:
+        data, t, noise = {k: v[rows] for k, v in data.items()}, t[rows], noise[rows]
+        x0 = data["x0"]
     x_t = (1 - t[:, None, None]) * x0 + t[:, None, None] * noise
     cond = {k: (v.to(dtype) if k in ("txt", "y", "guidance") else v) for k, v in data.items() if k != "x0"}
-    pred = model(img=x_t.to(dtype), timesteps=t.to(dtype), **cond)
-    return F.mse_loss(pred.float(), (noise - x0).float())
+    return {"img": x_t.to(dtype), "timesteps": t.to(dtype), **cond}, noise - x0
+
+
+def flow_matching_loss(model: nn.Module, data: dict[str, torch.Tensor], generator: torch.Generator,
+                       dtype: torch.dtype = torch.bfloat16, rows: slice | None = None) -> torch.Tensor:
+    """MSE between the model's prediction at x_t and the velocity target noise - x0."""
+    inputs, target = flow_matching_batch(data, generator, dtype, rows)
+    return F.mse_loss(model(**inputs).float(), target.float())
 
 
 class MasterWeights:

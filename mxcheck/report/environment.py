@@ -33,6 +33,9 @@ OPTIONAL_PACKAGES: dict[str, tuple[str, ...]] = {
     "triton": ("triton", "pytorch-triton-rocm", "pytorch-triton"),
     "ml_dtypes": ("ml_dtypes",),
 }
+# Which devices this process may use: set by the runner, by torchrun's launcher, or by
+# hardware.pin_worker for an xdist worker (one GPU each).
+VISIBLE_DEVICES_VARS = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
 
 
 def _distribution_version(import_name: str, candidates: tuple[str, ...],
@@ -61,12 +64,14 @@ def package_versions(names: Iterable[str] = OPTIONAL_PACKAGES) -> dict[str, str 
 
 
 def device_info() -> dict[str, Any]:
-    """Accelerator name, architecture ("sm90", "gfx950" or "cpu") and runtime version."""
+    """Accelerator name, architecture ("sm90", "gfx950" or "cpu"), runtime version, and the
+    ``*_VISIBLE_DEVICES`` this process was pinned to (None when unrestricted)."""
     hw = hardware.detect()
     info: dict[str, Any] = {"device": hw.name, "arch": hw.arch, "device_count": hw.device_count,
                             "runtime": hw.runtime}
     if hw.faked:
         info["faked"] = True
+    info["visible_devices"] = {v: os.environ[v] for v in VISIBLE_DEVICES_VARS if v in os.environ} or None
     return info
 
 
