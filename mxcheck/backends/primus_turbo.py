@@ -284,6 +284,8 @@ class PrimusTurboBackend:
         kind, option = classify(r)
         x2 = x.reshape(-1, x.shape[-1])
         (m, k), n = x2.shape, weight.shape[0]
+        if kind == "mxfp6" and (why := mxfp6_missing()) is not None:
+            raise NotImplementedError(f"primus_turbo linear for recipe {r.name}: {why}")
         r.check_shape(m, n, k)
         if kind != "fp8":  # the MX quantizers inside gemm_fp4 / gemm_fp6 take bf16/fp16 only
             x2, weight = (t if t.dtype in _MX_INPUT_DTYPES else t.to(torch.bfloat16) for t in (x2, weight))

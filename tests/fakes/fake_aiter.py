@@ -168,7 +168,7 @@ def dynamic_mxfp4_quant(x: torch.Tensor, scaling_mode: str = "even", shuffle: bo
 def quant_mxfp6_gemm(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Branch mxfp6-gemms-clean: HIP packer (RNE) for bf16/fp16, Triton/torch (ties away) for fp32."""
     rounding = "rne" if w.dtype in (torch.bfloat16, torch.float16) else "half_away"
-    q = mx_quantize(w.to(torch.bfloat16).float(), "e2m3", rounding=rounding, hadamard="h32", zero_scale=127)
+    q = mx_quantize(w.float(), "e2m3", rounding=rounding, hadamard="h32", zero_scale=127)
     return layouts.pack_mxfp6_blob(q.codes, q.scales)
 
 
