@@ -8,8 +8,13 @@ dispatched during a forward and backward, and attributes to each linear and dire
   every operand it quantizes and every GEMM it runs (``mxcheck.ops``), carrying the layer,
   operand or direction, format, scaling and scale rule actually applied;
 - known vendor ops (``VENDOR_OPS``: Primus' ``primus::quantize_mxfp4_dual``, Primus-Turbo's
-  ``gemm_fp4_impl``/``gemm_fp8_impl``, AITER's ``gemm_a4w4``/``gemm_a6w6``,
-  TransformerEngine's casts, ``aten::_scaled_mm``) with formats read from their dtypes;
+  ``gemm_fp4_impl``/``gemm_fp6_impl``/``gemm_fp8_impl`` and their ``*_accum_impl`` forms,
+  AITER's ``gemm_a4w4`` and ``_gemm_a6w6_asm``, ``aten::_scaled_mm``) with formats read from
+  their dtypes (``float4_e2m1fn_x2`` is e2m1);
+- ``mxcheck::gemm`` announced with format ``UNTRACED`` by an adapter whose vendor runs its
+  quantize and GEMM through pybind11 calls a dispatch trace cannot see (TransformerEngine's
+  ``tex.quantize``/``tex.generic_gemm``): ``check`` then says so for that layer instead of
+  claiming a precision it could not observe;
 - plain matmuls (``aten::mm``, ``addmm``, ...) in a float dtype: a GEMM that ran in bf16.
 
 Attribution: forward ops belong to the innermost linear whose forward is running (module
@@ -26,6 +31,7 @@ scaling or scale rule raises ``PrecisionError`` naming the layer, direction and 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fnmatch
 import warnings
 from collections.abc import Iterable, Iterator
@@ -38,10 +44,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from mxcheck.assertions import NumericsError
 from mxcheck.flux.quantize import DEFAULT_INCLUDE, patterns
-from mxcheck.ops import in_oracle
+from mxcheck.ops import UNTRACED, in_oracle
 from mxcheck.recipes import Recipe, get_recipe
 
-__all__ = ["FLOAT_GEMM_OPS", "VENDOR_OPS", "OpEntry", "PrecisionError", "PrecisionManifest", "trace_precision"]
+__all__ = ["FLOAT_GEMM_OPS", "UNTRACED", "VENDOR_OPS", "OpEntry", "PrecisionError", "PrecisionManifest", "trace_precision"]
 
 DIRECTIONS = ("fwd", "dgrad", "wgrad")
 _OPERAND_DIRECTION = {"x_row": "fwd", "w_row": "fwd", "g_row": "dgrad", "w_col": "dgrad",
@@ -49,19 +55,27 @@ _OPERAND_DIRECTION = {"x_row": "fwd", "w_row": "fwd", "g_row": "dgrad", "w_col":
 # Matmuls that, on float inputs, are a GEMM run in that float dtype.
 FLOAT_GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear")
 # Vendor ops by name (the part after "::", any namespace): (kind, element format or None
-# when the operand dtype says it, scaling).
+# when the operand dtype says it, scaling). Names as dispatched: AITER's gemm_a4w4 is an
+# aiter:: op from v0.1.7 (torch_compile_guard); gemm_a6w6 is plain Python around
+# aiter::_gemm_a6w6_asm (compile_ops names the op after the function, branch
+# mxfp6-gemms-clean 878d1dea); Primus-Turbo's are primus_turbo:: custom ops (a6a16cdc).
+# TransformerEngine has none: cast_to_fp8 was TorchScript-only and left in TE 2.0.
 VENDOR_OPS: dict[str, tuple[str, str | None, str]] = {
     "_scaled_mm": ("gemm", None, "fp8"),
     "quantize_mxfp4_dual": ("quantize", "e2m1", "mx"),
     "gemm_fp4_impl": ("gemm", "e2m1", "mx"),
+    "gemm_fp4_accum_impl": ("gemm", "e2m1", "mx"),
+    "gemm_fp6_impl": ("gemm", "fp6", "mx"),
     "gemm_fp8_impl": ("gemm", None, "fp8"),
+    "gemm_fp8_accum_impl": ("gemm", None, "fp8"),
     "gemm_a4w4": ("gemm", "e2m1", "mx"),
-    "gemm_a6w6": ("gemm", "fp6", "mx"),
-    "cast_to_fp8": ("quantize", None, "fp8"),
+    "_gemm_a6w6_asm": ("gemm", "fp6", "mx"),
     "quantize_fp8_tensorwise": ("quantize", None, "fp8"),
 }
 _FP8_DTYPES = {getattr(torch, n): f for n, f in (("float8_e4m3fn", "e4m3"), ("float8_e5m2", "e5m2"),
                ("float8_e4m3fnuz", "e4m3fnuz"), ("float8_e5m2fnuz", "e5m2fnuz")) if hasattr(torch, n)}
+# Element format of a low-precision operand dtype (fp4 packs two e2m1 codes per byte).
+_OPERAND_FORMATS = {**_FP8_DTYPES, **({torch.float4_e2m1fn_x2: "e2m1"} if hasattr(torch, "float4_e2m1fn_x2") else {})}
 
 
 class PrecisionError(NumericsError):
@@ -177,13 +191,20 @@ class PrecisionManifest(TorchDispatchMode):
                               rule if scaling == "mx" else None, {"block_size": block, "rounding": rounding}))
         elif name == "mxcheck::gemm":
             _, layer, direction, a_fmt, b_fmt, backend = args[:6]
-            self._add(OpEntry(layer, direction, "gemm", name, None, a_fmt, None, None,
-                              {"b_fmt": b_fmt, "backend": backend}))
+            entry = OpEntry(layer, direction, "gemm", name, None, a_fmt, None, None, {"b_fmt": b_fmt, "backend": backend})
+            if layer:
+                self._add(entry)
+            else:  # an adapter that does not know the layer: the running linear, its direction kept
+                owner = self._forward_stack[-1] if direction == "fwd" and self._forward_stack else self._backward_layer
+                if owner:
+                    self._add(dataclasses.replace(entry, layer=owner))
+                else:
+                    self.unattributed.append(entry.describe())
         elif in_oracle():
             return  # the oracle's own arithmetic, already announced above
         elif short in VENDOR_OPS:
             kind, fmt, scaling = VENDOR_OPS[short]
-            fmt = fmt or _FP8_DTYPES.get(getattr(args[0], "dtype", None)) or _dtype_name(args[0])
+            fmt = fmt or _OPERAND_FORMATS.get(getattr(args[0], "dtype", None)) or _dtype_name(args[0])
             self._attribute(args, out, OpEntry("", "", kind, name, None, fmt, scaling))
         elif name in FLOAT_GEMM_OPS:
             tensors = [a for a in args if isinstance(a, torch.Tensor)]
@@ -261,6 +282,11 @@ class PrecisionManifest(TorchDispatchMode):
         operands = [op for op, d in _OPERAND_DIRECTION.items() if d == direction]
         if not gemms:
             yield f"{layer} {direction}: no GEMM recorded (did this linear run?)"
+        for g in gemms:
+            if g.fmt == UNTRACED:
+                yield (f"{layer} {direction}: ran in {g.detail.get('backend')}, whose quantize and GEMM calls are "
+                       "pybind11 functions a dispatch trace cannot see; its precision is not proven here")
+        gemms = [g for g in gemms if g.fmt != UNTRACED]
         for g in gemms:
             if g.scaling == "none" and any(recipe.spec(op).scaling != "none" for op in operands):
                 want = ", ".join(f"{op} {recipe.spec(op).fmt} ({recipe.spec(op).scaling})" for op in operands)

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import torch
 
-__all__ = ["announce_gemm", "announce_quantize", "in_oracle", "oracle_scope"]
+__all__ = ["UNTRACED", "announce_gemm", "announce_quantize", "in_oracle", "oracle_scope"]
 
 _local = threading.local()
 
@@ -50,6 +50,11 @@ def announce_quantize(x: torch.Tensor, layer: str, operand: str, fmt: str, scali
                       block_size: int, rounding: str) -> None:
     """Dispatch ``mxcheck::quantize`` for an operand about to be quantized."""
     torch.ops.mxcheck.quantize(x, layer, operand, fmt, scaling, scale_rule, block_size, rounding)
+
+
+# The format an adapter announces for a GEMM it cannot observe (TransformerEngine runs its
+# quantize and GEMM as pybind11 calls): the precision manifest reports it as not proven.
+UNTRACED = "untraced"
 
 
 def announce_gemm(a: torch.Tensor, layer: str, direction: str, a_fmt: str, b_fmt: str, backend: str) -> None:

@@ -243,9 +243,11 @@ _TORCHAO = "pytorch/ao 0.18.0 torchao/prototype/mx_formats/mx_tensor.py::to_mx"
 _AITER_HIP = "ROCm/aiter csrc/kernels/quant_mxfp6_gemm.cu::quant_mxfp6_group @1a57ff4d"
 _AITER_TRITON = "ROCm/aiter aiter/ops/gemm_op_a6w6.py::_quant_pack_kernel, quant_mxfp6_torch @08481f1b"
 _MXFP6_NOTES = ("rotation h32 along the last axis; the HIP butterflies, the Triton bf16 dot and mxcheck "
-                "sum in different orders, so bit-exactness needs the same order (aiter_mxfp6_scale_log2.md)",
-                "rounding half_away as the Triton/torch packers; the gfx950 cvt_scalef32_2xpk16_fp6_f32 "
-                "rounding is not verified (AITER's parity test allows one code step at midpoints)")
+                "sum in different orders, so bit-exactness needs the same order (aiter_mxfp6_scale_log2.md)",)
+_AITER_MXFP6_INPUT = ("which packer runs (gemm_op_a6w6.py::quant_mxfp6_gemm @878d1dea): on gfx950 a bf16/fp16 "
+                      "input takes the HIP kernel (this profile: cvt_scalef32_2xpk16_fp6, ties to even, fp32 "
+                      "butterfly Hadamard); a float32 input, or AITER_MXFP6_QUANT_BACKEND=triton, takes the "
+                      "Triton/torch packer (aiter.mxfp6.triton: floor(a*q + 0.5), ties away)",)
 
 PROFILES: dict[str, Profile] = {p.name: p for p in (
     Profile("ocp", source="OCP MX v1.0 floor rule (as quoted by torchao and microxcaling); mx_quantize defaults",
@@ -255,14 +257,15 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
             notes=("Inf amax: (0x7F800000 + 0x200000) >> 23 & 0x1FF = 0xFF -> 126 -> byte 253, never 255",
                    "fmaxf amax reductions drop NaN (primus_stack.md 1.2, code reading)",
                    "byte 0 acts as 2^-127 in v_cvt_scalef32_pk_fp4_f32 (inferred)")),
-    Profile("aiter.mxfp6", "e2m3", rounding="half_away", zero_scale=127, hadamard="h32",
+    Profile("aiter.mxfp6", "e2m3", rounding="rne", zero_scale=127, hadamard="h32",
             inf_amax_byte=254, nan_policy="ignore", source=_AITER_HIP,
             notes=("scale from exponent bits: exponent == 0 ? -127 : exponent == 0xFF ? 127 : exponent - 129",
-                   "amax == 0 -> scale 0 (byte 127); fmaxf amax ignores NaN", *_MXFP6_NOTES)),
+                   "amax == 0 -> scale 0 (byte 127); fmaxf amax ignores NaN", *_AITER_MXFP6_INPUT,
+                   *_MXFP6_NOTES)),
     Profile("aiter.mxfp6.triton", "e2m3", rounding="half_away", zero_scale=127, hadamard="h32",
             exponent_source="log2_fp32", amax_floor=1e-30, inf_amax_byte=254, nan_policy="zero_scale",
             source=_AITER_TRITON,
-            notes=("floor(log2(max(amax, 1e-30))) - 2 in float32: one binade high at nextbelow(2^k), "
+            notes=(*_AITER_MXFP6_INPUT, "floor(log2(max(amax, 1e-30))) - 2 in float32: one binade high at nextbelow(2^k), "
                    "byte 25 for 0 < amax < 1e-30",
                    "where(amax > 0, se, 0): a NaN amax gives byte 127 (torch path; Triton's tl.max "
                    "NaN handling not verified)", *_MXFP6_NOTES)),

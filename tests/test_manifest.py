@@ -147,6 +147,80 @@ def test_vendor_op_is_recognised_and_attributed():
         m.check("mxfp8", include=("proj",))
 
 
+# The ops as the vendors dispatch them (vendor_audit.md): AITER's gemm_a6w6 is Python around
+# aiter::_gemm_a6w6_asm; Primus-Turbo's FP6 and accumulate GEMMs are primus_turbo:: ops.
+@torch.library.custom_op("fakevendor::_gemm_a6w6_asm", mutates_args=())
+def _fake_a6w6(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return a.float() @ w.float().T
+
+
+@torch.library.custom_op("fakevendor::gemm_fp4_accum_impl", mutates_args=())
+def _fake_fp4_accum(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return a.view(torch.uint8).float() @ w.view(torch.uint8).float().T
+
+
+class _OpLinear(nn.Linear):
+    def __init__(self, op, k, n):
+        super().__init__(k, n)
+        self.op = op
+
+    def forward(self, x):
+        return self.op(x, self.weight)
+
+
+@pytest.mark.parametrize(("op", "dtype", "want"), [
+    (_fake_a6w6, torch.float32, "fakevendor::_gemm_a6w6_asm fp6 mx"),
+    (_fake_fp4_accum, torch.float4_e2m1fn_x2, "fakevendor::gemm_fp4_accum_impl e2m1 mx"),
+], ids=["aiter-a6w6-asm", "primus-fp4-accum"])
+def test_dispatched_vendor_op_names_are_recognised(op, dtype, want):
+    model = nn.Sequential()
+    model.add_module("proj", _OpLinear(op, 64, 32))
+    if dtype != torch.float32:
+        model.proj.weight = nn.Parameter(torch.zeros(32, 64, dtype=torch.uint8).view(dtype), requires_grad=False)
+    x = torch.zeros(4, 64, dtype=torch.uint8).view(dtype) if dtype != torch.float32 else torch.randn(4, 64)
+    with trace_precision(model) as m:
+        model(x)
+    assert m.summary() == {"proj": {"fwd": [want]}}
+
+
+@torch.library.custom_op("fakevendor::fp4_scaled_mm", mutates_args=())
+def _fake_fp4_vendor_op(a: torch.Tensor) -> torch.Tensor:
+    return a.view(torch.uint8).float()
+
+
+def test_fp4_operand_dtype_reads_as_e2m1_not_the_torch_dtype_name(monkeypatch):
+    import mxcheck.manifest as manifest
+
+    monkeypatch.setitem(manifest.VENDOR_OPS, "fp4_scaled_mm", ("gemm", None, "mx"))  # format from the dtype
+    model = nn.Sequential()
+    model.add_module("proj", _OpLinear(lambda x, w: _fake_fp4_vendor_op(x), 64, 32))
+    with trace_precision(model) as m:
+        model(torch.zeros(4, 32, dtype=torch.uint8).view(torch.float4_e2m1fn_x2))
+    assert m.summary() == {"proj": {"fwd": ["fakevendor::fp4_scaled_mm e2m1 mx"]}}
+
+
+class _UntracedLinear(nn.Linear):
+    """What the TE adapter does: run opaque kernels, announce each direction as UNTRACED."""
+
+    def forward(self, x):
+        from mxcheck.backends.transformer_engine import _Bridge  # noqa: F401  (the adapter's import)
+        from mxcheck.ops import UNTRACED, announce_gemm
+
+        announce_gemm(x, "", "fwd", UNTRACED, UNTRACED, "transformer_engine")
+        return super().forward(x)
+
+
+def test_untraceable_backend_is_reported_as_not_proven_not_as_no_gemm():
+    model = nn.Sequential()
+    model.add_module("proj", _UntracedLinear(64, 32))
+    with trace_precision(model) as m:
+        model(torch.randn(4, 64))
+    with pytest.raises(PrecisionError, match=r"proj fwd: ran in transformer_engine, whose quantize and GEMM calls "
+                                             r"are pybind11 functions a dispatch trace cannot see") as e:
+        m.check("fp8", include=("proj",))
+    assert "no GEMM recorded" not in str(e.value)
+
+
 def test_manifest_goes_into_the_report(tmp_path):
     m, _ = _run(_model("mxfp8"), backward=False)
     report = Report.from_json({"version": 1, "records": [], "precision_manifest": m.to_json()})

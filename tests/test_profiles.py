@@ -151,14 +151,19 @@ def test_aiter_profiles_rotate_with_h32_before_the_scale_step(name, gen):
         assert torch.equal(got, want)
 
 
-def test_aiter_hip_and_triton_differ_only_at_nextbelow_pow2_tiny_amax_and_nan():
+def test_aiter_hip_and_triton_differ_only_at_ties_nextbelow_pow2_tiny_amax_and_nan():
+    # The HIP packer (bf16/fp16 input on gfx950) rounds ties to even, the Triton/torch packer
+    # (float32 input) away from zero (gemm_op_a6w6.py @ 878d1dea, vendor_audit.md): the
+    # tie classes ("ties", and "bf16", whose short mantissas land on midpoints) differ too.
     report = divergence("aiter.mxfp6", "aiter.mxfp6.triton")
     differing = {c.name for c in report.classes if c.scale_diff or c.code_diff}
-    assert differing == {"amax_below_pow2", "tiny", "nan"}  # 1e-30 floor and NaN policy aside
+    assert differing == {"ties", "bf16", "amax_below_pow2", "tiny", "nan"}  # 1e-30 floor and NaN policy aside
+    ties = next(c for c in report.classes if c.name == "ties")
+    assert ties.code_diff > 0 and ties.scale_diff == 0
     below = next(c for c in report.classes if c.name == "amax_below_pow2")
     assert below.scale_diff > below.blocks // 2  # k in [-20, 20]: log2 rounds for |k| >= 3 or so
     for c in report.classes:
-        if c.name in RANDOM_CLASSES:
+        if c.name in RANDOM_CLASSES and c.name != "bf16":  # bf16 inputs hit midpoints (above)
             assert (c.scale_diff, c.code_diff) == (0, 0), c.name
 
 

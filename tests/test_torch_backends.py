@@ -206,6 +206,36 @@ def test_te_builds_the_recipe_object(fake_te, recipe, cls, kw):
     assert {k: getattr(v, "name", v) for k, v in got.kw.items()} == kw
 
 
+def test_te_pins_recipe_fields_that_nvte_environment_variables_default(fake_te, monkeypatch):
+    # transformer_engine/common/recipe/__init__.py @ d0067d0: these dataclass defaults are
+    # os.getenv(...) read at import; here as if NVTE_NVFP4_DISABLE_RHT=1 and
+    # NVTE_BACKWARD_OVERRIDE=high_precision were set when TE was imported.
+    import dataclasses
+
+    rec = sys.modules["transformer_engine.common.recipe"]
+
+    @dataclasses.dataclass
+    class NVFP4BlockScaling:
+        disable_rht: bool = True
+        disable_stochastic_rounding: bool = True
+        disable_2d_quantization: bool = True
+        backward_override: Any = "high_precision"
+
+    monkeypatch.setattr(rec, "NVFP4BlockScaling", NVFP4BlockScaling)
+    got = TransformerEngineBackend().te_recipe("nvfp4")
+    assert (got.disable_rht, got.disable_stochastic_rounding, got.disable_2d_quantization,
+            got.backward_override) == (False, False, False, None)
+
+
+def test_report_environment_lists_numerics_environment_variables(monkeypatch):
+    from mxcheck.report.environment import collect_environment
+
+    monkeypatch.setenv("NVTE_NVFP4_DISABLE_RHT", "1")
+    monkeypatch.setenv("AITER_MXFP6_QUANT_BACKEND", "triton")
+    env = collect_environment()["numerics_env"]
+    assert env["NVTE_NVFP4_DISABLE_RHT"] == "1" and env["AITER_MXFP6_QUANT_BACKEND"] == "triton"
+
+
 def test_te_linear_runs_the_module_under_autocast_with_the_weight_copied(fake_te):
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(32, 64, generator=gen, requires_grad=True)

@@ -28,6 +28,15 @@ Entry points used (AMD-AGI/Primus-Turbo, stored file versions read from the code
   used rather than ``Function.apply`` because ``FP4GemmMXFunction.apply``'s arity changed
   across versions (with and without the ``a_t``/``b_t`` transpose caches).
 
+Checked against main a6a16cdc and tags v0.3.0-v0.4.0 (``research/vendor_audit.md``): every MX
+quantizer takes bf16 or fp16 only (``csrc/pytorch/quantization/quantization.cpp``: "Input
+must be BFloat16 or Half"; ``mxfp6_pack.py`` raises TypeError), so ``quantize`` refuses
+other dtypes and ``linear`` hands Primus-Turbo bf16 activations and weights, as a bf16
+training step does. ``gemm_fp6_impl``'s ``can_handle`` needs M % 256, N % 256, K % 128.
+MXFP6 (``ops/gemm_fp6.py``, ``Float6QuantConfig``, ``gemm_fp6_impl``, ``mxfp6_pack``) is in
+no release and not on main: ``supports`` offers it only where the installed package has
+those entry points.
+
 Bias is added after the GEMM in ``out_dtype`` (two roundings, as Primus-Turbo's own
 fallback when the installed AITER has no bias epilogue).
 """
@@ -56,6 +65,34 @@ _FP8_FORMATS = {("e4m3", "e4m3"): "E4M3", ("e5m2", "e5m2"): "E5M2", ("e4m3", "e5
 # EVEN rule; the MXFP6 packer is AITER's, bit-exact in the row direction).
 _MXFP4 = {"scale_rule": "even", "zero_scale": 0}
 _MXFP6 = {"scale_rule": "floor", "rounding": "half_away", "hadamard": "h32", "zero_scale": 127}
+_MX_INPUT_DTYPES = (torch.bfloat16, torch.float16)
+_FP6_MULTIPLES = {"M": 256, "N": 256, "K": 128}  # gemm_fp6_impl.py @ 0307ccde can_handle
+# (module under primus_turbo.pytorch, attribute) that MXFP6 needs; none is in a release.
+_MXFP6_ENTRY_POINTS = (("ops.gemm_fp6", "gemm_fp6"), ("core.low_precision", "Float6QuantConfig"),
+                       ("kernels.gemm.gemm_fp6_impl", "gemm_fp6_impl"),
+                       ("kernels.quantization.mxfp6_pack", "quantize_mxfp6_row"))
+
+
+def mxfp6_missing() -> str | None:
+    """Which MXFP6 entry points the installed primus_turbo lacks, or None when all exist."""
+    lacks = []
+    for module, attr in _MXFP6_ENTRY_POINTS:
+        try:
+            ok = hasattr(_pt(module), attr)
+        except Exception:  # absent module, or a vendor import failing on a CPU host
+            ok = False
+        if not ok:
+            lacks.append(f"primus_turbo.pytorch.{module}.{attr}")
+    if not lacks:
+        return None
+    return f"the installed primus_turbo has no {', '.join(lacks)} (MXFP6 is in no release up to v0.4.0 nor on main)"
+
+
+def _mx_input(x: torch.Tensor, who: str) -> torch.Tensor:
+    if x.dtype not in _MX_INPUT_DTYPES:
+        raise TypeError(f"x.dtype={x.dtype}; {who} takes bfloat16 or float16 only (quantization.cpp: "
+                        "'Input must be BFloat16 or Half'); cast x first")
+    return x.contiguous()
 
 
 def _pt(module: str) -> Any:
@@ -124,9 +161,11 @@ class PrimusTurboBackend:
 
     def supports(self, recipe: Recipe | str) -> tuple[bool, str]:
         try:
-            classify(recipe)
+            kind, _ = classify(recipe)
         except ValueError as e:
             return False, str(e)
+        if kind == "mxfp6" and (why := mxfp6_missing()) is not None:
+            return False, f"primus_turbo: {why}"
         return True, ""
 
     # -- quantize ---------------------------------------------------------------------
@@ -149,12 +188,12 @@ class PrimusTurboBackend:
             return self._fp8(x, spec)
         if spec.fmt == "e2m1":
             lp, q = _pt("core.low_precision"), _pt("ops.quantization")
-            data, scale = q.quantize_fp4(x.contiguous(), torch.float4_e2m1fn_x2, lp.ScalingGranularity.MX_BLOCKWISE,
+            data, scale = q.quantize_fp4(_mx_input(x, "primus_turbo quantize_fp4"), torch.float4_e2m1fn_x2, lp.ScalingGranularity.MX_BLOCKWISE,
                                          block_size=32, axis=1, scaling_recipe=self._fp4_recipe(spec))
             return mx_tensor(unpack_fp4(data.view(torch.uint8)), scale.view(torch.uint8), spec, tuple(x.shape))
         if spec.fmt == "e2m3":
             check_spec(spec, _MXFP6, "primus_turbo MXFP6 packer")
-            blob, sblob = _pt("kernels.quantization.mxfp6_pack").quantize_mxfp6_row(x.contiguous())
+            blob, sblob = _pt("kernels.quantization.mxfp6_pack").quantize_mxfp6_row(_mx_input(x, "primus_turbo MXFP6 packer"))
             return mx_tensor(*unpack_mxfp6_blob(blob, sblob, *x.shape), spec, tuple(x.shape))
         raise ValueError(f"primus_turbo quantizes MX e2m1/e2m3 and tensorwise e4m3/e5m2, not {spec.fmt}/{spec.scaling}")
 
@@ -166,14 +205,16 @@ class PrimusTurboBackend:
         if row.fmt == "e2m1":
             lp, q = _pt("core.low_precision"), _pt("ops.quantization")
             r, rs, c, cs = q.quantize_fp4_with_trans(
-                x.contiguous(), torch.float4_e2m1fn_x2, lp.ScalingGranularity.MX_BLOCKWISE, block_size=32,
+                _mx_input(x, "primus_turbo quantize_fp4_with_trans"), torch.float4_e2m1fn_x2,
+                lp.ScalingGranularity.MX_BLOCKWISE, block_size=32,
                 scaling_recipe=self._fp4_recipe(row), scaling_recipe_for_trans=self._fp4_recipe(col))
             return (mx_tensor(unpack_fp4(r.view(torch.uint8)), rs.view(torch.uint8), row, (m, k)),
                     mx_tensor(unpack_fp4(c.view(torch.uint8)), cs.view(torch.uint8), col, (k, m)))
         if row.fmt == "e2m3":
             check_spec(row, _MXFP6, "primus_turbo MXFP6 packer")
             check_spec(col, _MXFP6, "primus_turbo MXFP6 packer")
-            rb, rsb, cb, csb = _pt("kernels.quantization.mxfp6_pack").quantize_mxfp6_dual(x.contiguous())
+            rb, rsb, cb, csb = _pt("kernels.quantization.mxfp6_pack").quantize_mxfp6_dual(
+                _mx_input(x, "primus_turbo MXFP6 packer"))
             return (mx_tensor(*unpack_mxfp6_blob(rb, rsb, m, k), row, (m, k)),
                     mx_tensor(*unpack_mxfp6_blob(cb, csb, k, m), col, (k, m)))
         raise ValueError(f"quantize_dual covers e2m1 and e2m3, not {row.fmt}")
@@ -210,6 +251,10 @@ class PrimusTurboBackend:
             elif a.fmt.name == "e2m3":
                 if out_dtype != torch.bfloat16:
                     raise ValueError(f"primus_turbo gemm_fp6_impl writes bfloat16 only, got out_dtype={out_dtype}")
+                bad = [f"{d}={v} (needs a multiple of {q})"
+                       for (d, q), v in zip(_FP6_MULTIPLES.items(), (m, n, k), strict=True) if v % q]
+                if bad:
+                    raise ValueError(f"primus_turbo gemm_fp6_impl: {', '.join(bad)} for M={m} N={n} K={k}")
                 (ab, asb), (bb, bsb) = pack_mxfp6_blob(ac, asc), pack_mxfp6_blob(bc, bsc)
                 out = _pt("kernels.gemm.gemm_fp6_impl").gemm_fp6_impl(ab, asb, bb, bsb, m, n, k, out_dtype, gran)
             else:
@@ -239,7 +284,11 @@ class PrimusTurboBackend:
         kind, option = classify(r)
         x2 = x.reshape(-1, x.shape[-1])
         (m, k), n = x2.shape, weight.shape[0]
+        if kind == "mxfp6" and (why := mxfp6_missing()) is not None:
+            raise NotImplementedError(f"primus_turbo linear for recipe {r.name}: {why}")
         r.check_shape(m, n, k)
+        if kind != "fp8":  # the MX quantizers inside gemm_fp4 / gemm_fp6 take bf16/fp16 only
+            x2, weight = (t if t.dtype in _MX_INPUT_DTYPES else t.to(torch.bfloat16) for t in (x2, weight))
         lp = _pt("core.low_precision")
         if kind == "mxfp4":
             out = _pt("ops.gemm_fp4").gemm_fp4(x2, weight, trans_a=False, trans_b=True, out_dtype=r.out_dtype,

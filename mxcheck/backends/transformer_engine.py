@@ -16,21 +16,47 @@ it under ``te.pytorch.autocast(enabled=True, recipe=...)`` (TE >= 2.8) or
 ``fp8_autocast(enabled=True, fp8_recipe=...)`` (older TE). Gradients reach the caller's
 x, weight and bias through a bridging autograd Function. A kept module keeps its delayed
 scaling amax history across calls, as in training.
+
+TE quantizes and multiplies through pybind11 calls (``tex.quantize``, ``tex.generic_gemm``)
+that a ``TorchDispatchMode`` never sees, so the precision manifest cannot observe what ran.
+The adapter announces each direction as ``mxcheck::gemm`` with format ``UNTRACED`` and
+``manifest.check`` reports those layers as not proven (rather than "no GEMM recorded", or a
+format the adapter merely asked for).
+
+TE reads several recipe defaults from ``NVTE_*`` environment variables when
+``transformer_engine.common.recipe`` is imported (``recipe/__init__.py`` @ d0067d0:
+``NVTE_BACKWARD_OVERRIDE``, ``NVTE_FP8_CURRENT_SCALING_POWER_2_SCALES``,
+``NVTE_NVFP4_DISABLE_RHT``, ``..._DISABLE_STOCHASTIC_ROUNDING``, ``..._DISABLE_2D_QUANTIZATION``,
+``NVTE_NVFP4_ROW_SCALED_ACTIVATION``, ``NVTE_NVFP4_4OVER6``). Each field that changes
+numerics is pinned here to the value mxcheck's recipe models (``_PINNED``), where the
+installed recipe class has it; the report environment lists every ``NVTE_*`` variable set.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
 
 from mxcheck.backends.torch_scaled_mm import MIN_CAPABILITY, nvidia_missing
+from mxcheck.ops import UNTRACED, announce_gemm
 from mxcheck.recipes import OPERANDS, RECIPES, Recipe, get_recipe
 
 __all__ = ["TransformerEngineBackend", "te_recipe_args"]
 
 SM100 = (10, 0)
 _DELAYED_HISTORY, _DELAYED_ALGO = 1024, "max"
+# Recipe fields whose defaults come from NVTE_* variables, pinned to what mxcheck models.
+_PINNED: dict[str, Any] = {
+    "backward_override": None,  # NVTE_BACKWARD_OVERRIDE: high_precision/dequantized backward
+    "use_power_2_scales": False,  # NVTE_FP8_CURRENT_SCALING_POWER_2_SCALES
+    "disable_rht": False,  # NVTE_NVFP4_DISABLE_RHT
+    "disable_stochastic_rounding": False,  # NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING
+    "disable_2d_quantization": False,  # NVTE_NVFP4_DISABLE_2D_QUANTIZATION
+    "row_scaled_activation": False,  # NVTE_NVFP4_ROW_SCALED_ACTIVATION
+    "nvfp4_4over6": "none",  # NVTE_NVFP4_4OVER6
+}
 
 
 def _fwd_bwd_format(r: Recipe, scaling: str) -> str | None:
@@ -84,6 +110,7 @@ class _Bridge(torch.autograd.Function):
                 module.bias.copy_(bias)
                 module.bias.grad = None
         xi = x.detach().to(torch.bfloat16).requires_grad_(True)
+        announce_gemm(xi, "", "fwd", UNTRACED, UNTRACED, "transformer_engine")
         with torch.enable_grad(), autocast():
             y = module(xi)
         ctx.save_for_backward(xi)
@@ -93,6 +120,8 @@ class _Bridge(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor):
         (xi,) = ctx.saved_tensors
+        for direction in ("dgrad", "wgrad"):
+            announce_gemm(g, "", direction, UNTRACED, UNTRACED, "transformer_engine")
         torch.autograd.backward(ctx.y, g.to(ctx.y.dtype))
         m, (xd, wd, bd) = ctx.module, ctx.dtypes
         gb = None if bd is None or m.bias.grad is None else m.bias.grad.to(bd)
@@ -139,7 +168,9 @@ class TransformerEngineBackend:
         from transformer_engine.common import recipe as te_recipe  # noqa: PLC0415
 
         kwargs = {k: getattr(te_recipe.Format, v) if k == "fp8_format" else v for k, v in kwargs.items()}
-        return getattr(te_recipe, cls)(**kwargs)
+        klass = getattr(te_recipe, cls)
+        have = {f.name for f in dataclasses.fields(klass)} if dataclasses.is_dataclass(klass) else set()
+        return klass(**{k: v for k, v in _PINNED.items() if k in have}, **kwargs)
 
     @staticmethod
     def _autocast(te_recipe: Any) -> Any:

@@ -18,6 +18,7 @@ from mxcheck.conformance._common import (
     _oracle_pair,
     _Reference,
     _snr,
+    gemm_out_dtype,
     linear_of,
 )
 from mxcheck.recipes import Recipe
@@ -65,7 +66,7 @@ def _edge_gemm(backend: Any, recipe: Recipe, gen: torch.Generator, m: int, n: in
     except ValueError as e:
         return f"n/a: the oracle cannot quantize this shape ({str(e).splitlines()[0][:120]})"
     try:
-        got = backend.gemm(a, b, out_dtype=torch.float32)
+        got = backend.gemm(a, b, out_dtype=gemm_out_dtype(backend))
     except Exception as e:  # the error type is the finding
         return _raised(e, f"gemm of recipe {recipe.name}", dims)
     _assert_in_bound(got, a, b, f"gemm of recipe {recipe.name} at M={m} N={n} K={k}")

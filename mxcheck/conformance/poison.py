@@ -16,6 +16,7 @@ from mxcheck.conformance._common import (
     _device,
     _fwd_operands,
     _oracle_pair,
+    gemm_out_dtype,
     linear_of,
 )
 from mxcheck.gemm import quantize_operand
@@ -112,12 +113,12 @@ def check_poison_padding(backend: Any, recipe: Recipe, gen: torch.Generator, num
     if hasattr(backend, "gemm"):
         a, b = _fwd_operands(recipe, x, w)
         try:
-            clean = backend.gemm(a, b, out_dtype=torch.float32)
+            clean = backend.gemm(a, b, out_dtype=gemm_out_dtype(backend))
         except _ALLOWED_ERRORS as e:
             return f"backend gemm refuses M={m} N={n} K={k}: {e}"
         pa, pb = _in_poisoned_storage(a), _in_poisoned_storage(b)
         with _poisoned_empty(dev, 0xFF):
-            got = backend.gemm(pa, pb, out_dtype=torch.float32)
+            got = backend.gemm(pa, pb, out_dtype=gemm_out_dtype(backend))
         _bitwise(numerics, got, clean, layer="operands in 0xFF storage", direction="fwd", **ctx)
     return None
 
@@ -130,7 +131,7 @@ def check_poison_output(backend: Any, recipe: Recipe, gen: torch.Generator, nume
     runs: dict[str, Callable[[], torch.Tensor]] = {}
     if hasattr(backend, "gemm"):
         a, b = _oracle_pair(recipe, gen, dev, m, n, k)
-        runs["gemm"] = lambda: backend.gemm(a, b, out_dtype=torch.float32)
+        runs["gemm"] = lambda: backend.gemm(a, b, out_dtype=gemm_out_dtype(backend))
     linear = linear_of(backend)
     if linear is not None:
         x = torch.randn(m, k, generator=gen).to(dev)

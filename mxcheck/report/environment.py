@@ -20,7 +20,13 @@ import torch
 import mxcheck
 from mxcheck import hardware
 
-__all__ = ["OPTIONAL_PACKAGES", "collect_environment", "device_info", "package_versions"]
+__all__ = ["NUMERICS_ENV_PREFIXES", "OPTIONAL_PACKAGES", "collect_environment", "device_info", "numerics_env",
+           "package_versions"]
+
+# Environment variables by which vendors change numerics without a code change: TE's recipe
+# defaults (NVTE_BACKWARD_OVERRIDE, NVTE_NVFP4_DISABLE_RHT, ...), AITER's packer choice
+# (AITER_MXFP6_QUANT_BACKEND), Primus-Turbo's backend selection.
+NUMERICS_ENV_PREFIXES = ("NVTE_", "AITER_", "PRIMUS_TURBO_")
 
 # Import name -> distribution names to try first. The names differ for some: ROCm wheels
 # ship Triton as pytorch-triton-rocm, AITER is published as amd-aiter, and
@@ -61,6 +67,11 @@ def package_versions(names: Iterable[str] = OPTIONAL_PACKAGES) -> dict[str, str 
         providers = {}
     return {name: _distribution_version(name, OPTIONAL_PACKAGES.get(name, (name,)), providers)
             for name in names}
+
+
+def numerics_env() -> dict[str, str]:
+    """The set environment variables named by NUMERICS_ENV_PREFIXES, sorted by name."""
+    return {k: os.environ[k] for k in sorted(os.environ) if k.startswith(NUMERICS_ENV_PREFIXES)}
 
 
 def device_info() -> dict[str, Any]:
@@ -109,6 +120,7 @@ def collect_environment(seed: int | None = None, backends: Iterable[str] = (), *
     }
     env.update(device_info())
     env["packages"] = package_versions()
+    env["numerics_env"] = numerics_env()
     env.update(git_info(cwd))
     env["seed"] = seed
     env["backends"] = sorted(set(backends))

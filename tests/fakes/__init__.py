@@ -1,0 +1,1 @@
+"""Fake vendor packages, each as strict as the release it names (see each module)."""
