@@ -80,21 +80,21 @@ class Witnesses:
     def expect(self, witness: str, got: Any, pin: Any, what: str) -> None:
         got, version = plain(got), installed(witness)
         seen = [Version(v) for v in OBSERVED[witness]]
+        for v in seen:  # a pin covers every observed version, whichever one runs here
+            assert pin_for(pin, v) is not None, f"pin {pin!r} has no range holding {witness} {v} ({what})"
         held = pin_for(pin, version)
-        if min(seen) <= version <= max(seen):
+        inside = min(seen) <= version <= max(seen)
+        if inside:
             assert held is not None, f"pin {pin!r} has no range holding {witness} {version} ({what})"
-            want, spec = held
-            assert got == want, (f"{witness} {version} gives {show(got)} for {what}; "
-                                 f"pinned {show(want)} for {witness}{spec or ' ' + str(version)}")
-            return
-        if held is not None and got == held[0]:
-            return
-        newest = pin_for(pin, max(seen))
-        assert newest is not None, f"pin {pin!r} has no range holding {witness} {max(seen)} ({what})"
-        want, spec = held or newest
-        span = ", ".join(OBSERVED[witness])
-        self.drifts.append(f"{witness} {version} gives {show(got)} for {what}; pinned {show(want)} for "
-                           f"{witness}{spec or ' ' + span} (observed on {span})")
+        elif held is not None and got == held[0]:
+            return  # a newer (or older) version that agrees with its range
+        want, spec = held or pin_for(pin, max(seen))
+        message = (f"{witness} {version} gives {show(got)} for {what}; pinned {show(want)}"
+                   f"{' for ' + witness + spec if spec else ''} (observed on {', '.join(OBSERVED[witness])})")
+        if inside:
+            assert got == want, message
+        else:
+            self.drifts.append(message)
 
     def finish(self) -> None:
         if self.drifts:
