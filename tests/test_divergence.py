@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import json
 import math
+import re
 from dataclasses import fields
 from pathlib import Path
 
@@ -107,7 +108,8 @@ def test_battery_is_seeded_and_bad_arguments_raise():
 
 
 def test_table_has_one_row_per_section_8_case_each_reached_or_explained():
-    assert [c.case for c in div.DIVERGENCE_TABLE] == list(range(1, 21))
+    # rows 1-20 are section 8's cases; rows after them were found here
+    assert [c.case for c in div.DIVERGENCE_TABLE] == list(range(1, 22))
     quirks = {f.name for f in fields(Profile)}
     for c in div.DIVERGENCE_TABLE:
         assert c.options or c.tests or c.unreachable, c.case
@@ -146,10 +148,32 @@ def test_a_report_of_the_rows_profiles_names_the_row(case):
 
 def test_table_renders_as_text_and_json():
     text = div.table_text()
-    assert text.count("\n") == 3 * 20 and " 3  FLOOR scale from a float32 log2" in text
+    notes = sum(len(c.versions) for c in div.DIVERGENCE_TABLE)
+    assert text.count("\n") == 3 * 21 + notes and " 3  FLOOR scale from a float32 log2" in text
+    assert "\n    versions: ml_dtypes>=0.7 (0.7.0 run): they round to nearest, 0x00" in text
     rows = json.loads(json.dumps(div.table_json()))
-    assert [r["case"] for r in rows] == list(range(1, 21)) and rows[2]["options"] == ["exponent_source"]
+    assert [r["case"] for r in rows] == list(range(1, 22)) and rows[2]["options"] == ["exponent_source"]
     assert rows[19]["reached"].startswith("pinned: tests/test_packing.py::")
+    assert rows[20]["versions"][0].startswith("ml_dtypes<0.7 (0.6.0 run): casts float64 to float32 first")
+
+
+def test_version_notes_name_a_witness_range_and_the_version_run():
+    # Where a witness changed between versions the row says which versions behave how, as
+    # tests/_witness.py pins them: "<witness><specifier> (<version> run): ..." or
+    # "<witness> <version> ...", every version one that tests/_witness.py OBSERVED.
+    from packaging.specifiers import SpecifierSet
+
+    from tests._witness import OBSERVED
+    pattern = re.compile(r"^(?P<w>[a-z_]+)(?:(?P<spec>[<>=!~][^ ]*) \((?P<run>[0-9.]+) run\)| (?P<v>[0-9.]+) )")
+    noted = {c.case for c in div.DIVERGENCE_TABLE if c.versions}
+    assert noted >= {14, 21}
+    for c in div.DIVERGENCE_TABLE:
+        for note in c.versions:
+            m = pattern.match(note)
+            assert m and m["w"] in OBSERVED, (c.case, note)
+            version = m["run"] or m["v"]
+            assert version in OBSERVED[m["w"]], (c.case, note)
+            assert m["spec"] is None or version in SpecifierSet(m["spec"]), (c.case, note)
 
 
 # ------------------------------------------------------------------ pinned cases of section 8
@@ -255,7 +279,7 @@ def test_command_table_as_text_and_json(capsys):
     code, out, _ = run(capsys, "divergence", "--table")
     assert code == 0 and out == div.table_text()
     code, out, _ = run(capsys, "divergence", "--table", "--json")
-    assert code == 0 and len(json.loads(out)) == 20
+    assert code == 0 and len(json.loads(out)) == len(div.DIVERGENCE_TABLE) == 21
 
 
 @pytest.mark.parametrize(("argv", "needle"), [

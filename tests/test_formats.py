@@ -1,10 +1,11 @@
 """mxcheck.formats and mxcheck.reference against outside witnesses.
 
-Witnesses: ml_dtypes 0.6 casts and decodes, gfloat 0.5.2 ``round_float`` + ``encode_float``
-(exact, float64), torch's own dtypes, float64 arithmetic on witness-decoded tables. No
-expected value here comes from mxcheck. Where a witness disagrees with mxcheck by design
-the test pins the witness's bits (section "pinned disagreements"), citing
-/work/shared/research/reference_emulators.md ("RE" below) by section.
+Witnesses: ml_dtypes (0.6 and 0.7) casts and decodes, gfloat 0.5.2 ``round_float`` +
+``encode_float`` (exact, float64), torch's own dtypes, float64 arithmetic on witness-decoded
+tables. No expected value here comes from mxcheck. Where a witness disagrees with mxcheck by
+design the test pins the witness's bits per witness version (section "pinned
+disagreements", tests/_witness.py), citing /work/shared/research/reference_emulators.md
+("RE" below) by section.
 
 Two tests here fail on purpose until formats.py is fixed (nothing is skipped):
 test_nan_keeps_its_sign_from_every_source_dtype_in_every_mode[*-float16] (a float16 -NaN
