@@ -34,6 +34,7 @@ OBSERVED: dict[str, tuple[str, ...]] = {
     "torch": ("2.13.0",),
     "gfloat": ("0.5.2",),
     "torchao": ("0.18.0",),
+    "numpy": ("2.4.6",),  # its own float16 casts
 }
 
 

@@ -679,9 +679,12 @@ def test_trunc_never_increases_magnitude(fmt, data):
 def test_ml_dtypes_maps_nan_to_the_negative_zero_code_where_mxcheck_raises(name, plus_nan, minus_nan):
     # RE section 2 (ml_dtypes: quiet_NaN() of the fn types is the -0 code) and section 8 item 9.
     x = np.array([np.nan, -np.nan], dtype=np.float32)
-    assert x.astype(ML[name]).view(np.uint8).tolist() == [plus_nan, minus_nan]
     with pytest.raises(ValueError, match=rf"x holds NaN but fmt={name} has no NaN encoding"):
         encode(torch.from_numpy(x), name)
+    w = Witnesses()
+    w.expect("ml_dtypes", x.astype(ML[name]).view(np.uint8).tolist(), (plus_nan, minus_nan),
+             f"the {name} cast of float32 +NaN, -NaN")
+    w.finish()
 
 
 # RE section 1e and section 8 item 14. Columns: torch .to(float8_e8m0fnu), ml_dtypes astype,
@@ -767,16 +770,17 @@ def test_fp8_overflow_of_ml_dtypes_torch_and_mxcheck(name, x, ml_code, torch_cod
     # torch 2.13's eager e4m3fn cast saturates finite overflow AND +-Inf to +-448, as
     # mxcheck's saturate=True (RE section 2 saw torch 2.11 give NaN there; pytorch#178817).
     t = torch.tensor([x], dtype=torch.float32)
-    assert t.numpy().astype(ML[name]).view(np.uint8)[0] == ml_code
-    torch_dtype = get_format(name).torch_dtype
-    assert t.to(torch_dtype).view(torch.uint8).item() == torch_code, f"torch {torch.__version__}"
     assert encode(t, name, saturate=False).item() == mx_code
     assert encode(t, name, saturate=True).item() == mx_sat_code
+    w, what = Witnesses(), f"the {name} cast of float32 {x}"
+    w.expect("ml_dtypes", t.numpy().astype(ML[name]).view(np.uint8)[0], ml_code, what)
+    w.expect("torch", t.to(get_format(name).torch_dtype).view(torch.uint8).item(), torch_code, what)
+    w.finish()
 
 
 # RE section 8 item 11. +NaN, -NaN (float32) -> codes.
 NAN_CODES = [
-    # name   ml_dtypes        torch            gfloat  mxcheck
+    # name   ml_dtypes (fp16: numpy)  torch   gfloat  mxcheck
     ("e4m3", (0x7F, 0xFF), (0x7F, 0xFF), 0xFF, (0x7F, 0xFF)),
     ("e5m2", (0x7E, 0xFE), (0x7F, 0xFF), 0xFF, (0x7F, 0xFF)),
     ("e4m3fnuz", (0x80, 0x80), (0x80, 0x80), 0x80, (0x80, 0x80)),
@@ -789,14 +793,16 @@ NAN_CODES = [
 @pytest.mark.parametrize(("name", "ml_codes", "torch_codes", "gf_code", "mx_codes"), NAN_CODES)
 def test_nan_codes_of_ml_dtypes_torch_gfloat_and_mxcheck(name, ml_codes, torch_codes, gf_code, mx_codes):
     x = np.array([np.nan, -np.nan], dtype=np.float32)
+    assert tuple(encode(torch.from_numpy(x), name).tolist()) == mx_codes
+    w, what = Witnesses(), f"the {name} cast of float32 +NaN, -NaN"
     mdt = {"bf16": ml_dtypes.bfloat16, "fp16": np.float16}.get(name) or ML[name]
     width = np.uint8 if np.dtype(mdt).itemsize == 1 else np.uint16
-    assert tuple(x.astype(mdt).view(width).tolist()) == ml_codes
+    w.expect("numpy" if name == "fp16" else "ml_dtypes", x.astype(mdt).view(width).tolist(), ml_codes, what)
     t = torch.from_numpy(x).to(get_format(name).torch_dtype)
     t = t.view(torch.uint8) if t.element_size() == 1 else t.view(torch.int16).to(torch.int32) & 0xFFFF
-    assert tuple(t.tolist()) == torch_codes
-    assert gfloat.encode_float(GF[name], math.nan) == gf_code
-    assert tuple(encode(torch.from_numpy(x), name).tolist()) == mx_codes
+    w.expect("torch", t.tolist(), torch_codes, what)
+    w.expect("gfloat", gfloat.encode_float(GF[name], math.nan), gf_code, f"gfloat's {name} NaN code")
+    w.finish()
 
 
 # Not in RE: ml_dtypes < 0.7 and torch 2.13 convert a float64 input to float32 first, so a
@@ -826,10 +832,10 @@ def test_ml_dtypes_and_torch_round_float64_inputs_twice(name, hex_x, ml_code, to
     x = float.fromhex(hex_x)
     t = torch.tensor([x], dtype=torch.float64)
     assert gfloat.encode_float(GF[name], gfloat.round_float(GF[name], x, RoundMode.TiesToEven, True)) == mx_code
-    if name == "fp16":
-        assert np.array([x]).astype(np.float16).view(np.uint16)[0] == mx_code
     assert encode(t, name).item() == mx_code
     w, what = Witnesses(), f"the {name} cast of float64 {hex_x}"
+    if name == "fp16":  # numpy's own float16 rounds once
+        w.expect("numpy", np.array([x]).astype(np.float16).view(np.uint16)[0], mx_code, what)
     if ml_code is not None:
         mdt = {"bf16": ml_dtypes.bfloat16}.get(name) or ML[name]
         width = np.uint16 if name == "bf16" else np.uint8
