@@ -1,10 +1,12 @@
-"""Where two profiles give different bits, and the twenty divergences of section 8.
+"""Where two profiles give different bits, and the divergences of section 8 (and later ones).
 
 ``divergence(a, b)`` quantizes every class of a battery of generated inputs with both
 profiles and counts, per class, the blocks whose scale byte differs and the elements whose
 code differs, with a few example blocks. ``DIVERGENCE_TABLE`` has one row per case of
-research/reference_emulators.md section 8 and says how mxcheck reaches it: a profile
-option, a pinned test, or why it cannot. A report names the rows its differences show.
+research/reference_emulators.md section 8 (rows 1-20; rows after them were found here) and
+says how mxcheck reaches it: a profile option, a pinned test, or why it cannot, and which
+witness versions behave how where a witness changed. A report names the rows its
+differences show.
 """
 
 from __future__ import annotations
@@ -252,11 +254,14 @@ def _common_format(a: Profile, b: Profile, fmt: str | None) -> FloatFormat:
 
 @dataclass(frozen=True)
 class Case:
-    """One case of reference_emulators.md section 8 and how mxcheck reaches it.
+    """One case of reference_emulators.md section 8 (cases 1-20; later ones are not in it)
+    and how mxcheck reaches it.
 
     ``options``: Profile fields that reproduce it ("field=v1|v2": only between those two
     values); ``classes``: battery classes where it shows; ``tests``: pytest
-    node ids that pin it; ``unreachable``: why mxcheck cannot reach it.
+    node ids that pin it; ``unreachable``: why mxcheck cannot reach it; ``versions``: which
+    versions of a witness behave how, each version range as tests/_witness.py pins it
+    (observed by running the pinned tests under those versions).
     """
 
     case: int
@@ -267,6 +272,7 @@ class Case:
     classes: tuple[str, ...] = ()
     tests: tuple[str, ...] = ()
     unreachable: str = ""
+    versions: tuple[str, ...] = ()
 
     @property
     def reached(self) -> str:
@@ -324,7 +330,10 @@ DIVERGENCE_TABLE: tuple[Case, ...] = (
     Case(13, "FP4/FP6 overflow and Inf", "ml_dtypes, torchao, gfloat(sat), TE vs microxcaling (keeps Inf), "
          "gfloat(sat=False) raises", tests=(_D + "test_case13_fp4_fp6_overflow_and_inf_saturate",)),
     Case(14, "E8M0 dtype casts", "torch vs ml_dtypes vs gfloat",
-         tests=(_F + "test_e8m0_casts_of_torch_ml_dtypes_gfloat_and_mxcheck",)),
+         tests=(_F + "test_e8m0_casts_of_torch_ml_dtypes_gfloat_and_mxcheck",),
+         versions=("ml_dtypes<0.7 (0.6.0 run): float32 subnormals in (2^-127, 1.5*2^-127) round up to "
+                   "0x01, as torch 2.13.0",
+                   "ml_dtypes>=0.7 (0.7.0 run): they round to nearest, 0x00, as gfloat and mxcheck")),
     Case(15, "NVFP4 block scales below 2^-6", "torchao (clamps) vs TE (subnormal, zero)",
          tests=("tests/test_nvfp4.py::test_pinned_subnormal_and_zero_block_scale_te_vs_torchao",
                 "tests/test_nvfp4.py::test_pinned_all_zero_tensor_te_zeros_vs_torchao_nan_scales"),
@@ -343,6 +352,13 @@ DIVERGENCE_TABLE: tuple[Case, ...] = (
     Case(20, "torchao fp6 packing (removed 2025-12)", "torchao Triton vs pack_uint6_pytorch",
          tests=("tests/test_packing.py::test_fp6_pack_hand_worked_example",),
          unreachable="both layouts were removed from torchao; mxcheck packs one 6-bit stream (AITER order)"),
+    Case(21, "float64 input rounded twice, through float32 (not in RE)", "ml_dtypes<0.7, torch .to() vs "
+         "ml_dtypes>=0.7, gfloat, mxcheck", tests=(_F + "test_ml_dtypes_and_torch_round_float64_inputs_twice",),
+         unreachable="an input-dtype artefact of the witnesses; mxcheck rounds the float64 value once",
+         versions=("ml_dtypes<0.7 (0.6.0 run): casts float64 to float32 first, so a float64 just off a "
+                   "tie rounds twice (e2m1 0.25 + 2^-54 -> 0x0, not 0x1)",
+                   "ml_dtypes>=0.7 (0.7.0 run): rounds the float64 value once, as gfloat and mxcheck",
+                   "torch 2.13.0 .to(): through float32, twice (fp8, e8m0, bf16, fp16)")),
 )
 
 
@@ -363,4 +379,5 @@ def table_json() -> list[dict[str, Any]]:
 
 
 def table_text() -> str:
-    return "".join(f"{c.case:>2}  {c.title}\n    {c.libraries}\n    {c.reached}\n" for c in DIVERGENCE_TABLE)
+    return "".join(f"{c.case:>2}  {c.title}\n    {c.libraries}\n    {c.reached}\n"
+                   + "".join(f"    versions: {v}\n" for v in c.versions) for c in DIVERGENCE_TABLE)

@@ -22,11 +22,14 @@ from mxcheck import hardware
 from mxcheck.cli import add_max_drop_option
 from mxcheck.report import Record, Report, collect_environment, compare, format_comparison
 
-__all__ = ["COLLECTOR", "RECORD_KEY", "Collector", "add_options"]
+__all__ = ["COLLECTOR", "RECORD_KEY", "WITNESS_DRIFT", "Collector", "add_options"]
 
 COLLECTOR = pytest.StashKey["Collector"]()
 RECORD_KEY = "mxcheck_record"
 PARAMS_KEY = "mxcheck_params"  # [backend, recipe] of a parametrized test
+# An xfail whose reason starts so is a witness library (ml_dtypes, torch, gfloat, torchao)
+# newer than the versions a test pinned, answering differently: counted in the report.
+WITNESS_DRIFT = "witness drift:"
 
 
 # ------------------------------------------------------------------ options
@@ -92,6 +95,7 @@ class Collector:
         self.backends = backends
         self.records: list[Record] = []
         self.skipped: list[dict[str, str]] = []
+        self.witness_drifts: list[dict[str, str]] = []
         self.comparison_text: str | None = None
 
     @classmethod
@@ -166,12 +170,15 @@ class Collector:
             self.records += recs
         if report.skipped and not hasattr(report, "wasxfail"):
             self.skipped.append({"test_id": report.nodeid, "reason": _skip_reason(report)})
+        if str(getattr(report, "wasxfail", "")).startswith(WITNESS_DRIFT):
+            self.witness_drifts.append({"test_id": report.nodeid, "reason": report.wasxfail})
 
     def report(self) -> Report:
         seed = self.config.getoption("mxcheck_seed")
         env = collect_environment(seed=seed, backends=[b.name for b in self.backends],
                                   cwd=str(self.config.rootpath))
-        return Report(environment=env, records=self.records, skipped=self.skipped)
+        return Report(environment=env, records=self.records, skipped=self.skipped,
+                      witness_drifts=self.witness_drifts)
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
@@ -189,13 +196,16 @@ class Collector:
                 session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        if self.is_worker or not (self.records or self.comparison_text):
+        if self.is_worker or not (self.records or self.comparison_text or self.witness_drifts):
             return
         failed = sum(not r.passed for r in self.records)
         tr = terminalreporter
         tr.section("mxcheck")
         tr.write_line(f"{len(self.records)} numeric checks, {failed} failed, "
-                      f"{len(self.skipped)} tests skipped on this hardware")
+                      f"{len(self.skipped)} tests skipped on this hardware, "
+                      f"{len(self.witness_drifts)} witness drifts")
+        for d in sorted(self.witness_drifts, key=lambda d: d["test_id"]):
+            tr.write_line(f"{d['test_id']}: {d['reason']}")
         if self.config.getoption("mxcheck_report"):
             tr.write_line(f"report: {self.config.getoption('mxcheck_report')}")
         if self.comparison_text:

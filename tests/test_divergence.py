@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import json
 import math
+import re
 from dataclasses import fields
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from mxcheck.formats import encode, get_format
 from mxcheck.profiles import PROFILES, Profile, get_profile
 from mxcheck.scaling.blocks import block_amax
 from mxcheck.scaling.mx import mx_quantize
+from tests._witness import Witnesses
 
 pytestmark = pytest.mark.emulated
 
@@ -107,7 +109,8 @@ def test_battery_is_seeded_and_bad_arguments_raise():
 
 
 def test_table_has_one_row_per_section_8_case_each_reached_or_explained():
-    assert [c.case for c in div.DIVERGENCE_TABLE] == list(range(1, 21))
+    # rows 1-20 are section 8's cases; rows after them were found here
+    assert [c.case for c in div.DIVERGENCE_TABLE] == list(range(1, 22))
     quirks = {f.name for f in fields(Profile)}
     for c in div.DIVERGENCE_TABLE:
         assert c.options or c.tests or c.unreachable, c.case
@@ -146,10 +149,32 @@ def test_a_report_of_the_rows_profiles_names_the_row(case):
 
 def test_table_renders_as_text_and_json():
     text = div.table_text()
-    assert text.count("\n") == 3 * 20 and " 3  FLOOR scale from a float32 log2" in text
+    notes = sum(len(c.versions) for c in div.DIVERGENCE_TABLE)
+    assert text.count("\n") == 3 * 21 + notes and " 3  FLOOR scale from a float32 log2" in text
+    assert "\n    versions: ml_dtypes>=0.7 (0.7.0 run): they round to nearest, 0x00" in text
     rows = json.loads(json.dumps(div.table_json()))
-    assert [r["case"] for r in rows] == list(range(1, 21)) and rows[2]["options"] == ["exponent_source"]
+    assert [r["case"] for r in rows] == list(range(1, 22)) and rows[2]["options"] == ["exponent_source"]
     assert rows[19]["reached"].startswith("pinned: tests/test_packing.py::")
+    assert rows[20]["versions"][0].startswith("ml_dtypes<0.7 (0.6.0 run): casts float64 to float32 first")
+
+
+def test_version_notes_name_a_witness_range_and_the_version_run():
+    # Where a witness changed between versions the row says which versions behave how, as
+    # tests/_witness.py pins them: "<witness><specifier> (<version> run): ..." or
+    # "<witness> <version> ...", every version one that tests/_witness.py OBSERVED.
+    from packaging.specifiers import SpecifierSet
+
+    from tests._witness import OBSERVED
+    pattern = re.compile(r"^(?P<w>[a-z_]+)(?:(?P<spec>[<>=!~][^ ]*) \((?P<run>[0-9.]+) run\)| (?P<v>[0-9.]+) )")
+    noted = {c.case for c in div.DIVERGENCE_TABLE if c.versions}
+    assert noted >= {14, 21}
+    for c in div.DIVERGENCE_TABLE:
+        for note in c.versions:
+            m = pattern.match(note)
+            assert m and m["w"] in OBSERVED, (c.case, note)
+            version = m["run"] or m["v"]
+            assert version in OBSERVED[m["w"]], (c.case, note)
+            assert m["spec"] is None or version in SpecifierSet(m["spec"]), (c.case, note)
 
 
 # ------------------------------------------------------------------ pinned cases of section 8
@@ -162,21 +187,27 @@ def test_case1_microxcaling_rounds_ties_away_where_ocp_rounds_to_even():
     assert PROFILES["microxcaling"].quantize(x, E2M1)[0][0, :5].tolist() == [0x7, 0x7, 0x5, 0x1, 0x3]
     ocp = PROFILES["ocp"].quantize(x, E2M1)[0][0, :5].tolist()
     assert ocp == [0x7, 0x6, 0x4, 0x0, 0x2]
-    assert x[0, :5].numpy().astype(ml_dtypes.float4_e2m1fn).view(np.uint8).tolist() == ocp
-    x = block(448.0, 400.0, 232.0)
-    assert PROFILES["microxcaling"].quantize(x, "e4m3")[0][0, :3].tolist() == [0x7E, 0x7D, 0x77]
-    assert PROFILES["ocp"].quantize(x, "e4m3")[0][0, :3].tolist() == [0x7E, 0x7C, 0x76]
+    y = block(448.0, 400.0, 232.0)
+    assert PROFILES["microxcaling"].quantize(y, "e4m3")[0][0, :3].tolist() == [0x7E, 0x7D, 0x77]
+    assert PROFILES["ocp"].quantize(y, "e4m3")[0][0, :3].tolist() == [0x7E, 0x7C, 0x76]
+    w = Witnesses()
+    w.expect("ml_dtypes", x[0, :5].numpy().astype(ml_dtypes.float4_e2m1fn).view(np.uint8).tolist(),
+             (0x7, 0x6, 0x4, 0x0, 0x2), "the e2m1 casts of 6, 5, 2.5, 0.25, 1.25")
+    w.finish()
 
 
 def test_case2_below_a_tie_rounds_to_zero_where_microxcaling_gives_min_subnormal():
     # RE section 8 case 2: microxcaling's float32 floor(|x| + 0.5) rounds 0.24999999 up to 0.5
     # (e2m1 0x1) and nextbelow(2^-10) up to 2^-9 (e4m3 0x01). Exact rounding (and ml_dtypes): 0.
+    w = Witnesses()
     for fmt, v in (("e2m1", 0.25), ("e4m3", 2.0**-10)):
         x = torch.tensor([float(np.nextafter(np.float32(v), np.float32(0)))])
         assert encode(x, fmt).item() == 0x00
-        assert x.numpy().astype(ml_dtypes.float4_e2m1fn if fmt == "e2m1" else ml_dtypes.float8_e4m3fn)[0] == 0
+        ml = ml_dtypes.float4_e2m1fn if fmt == "e2m1" else ml_dtypes.float8_e4m3fn
+        w.expect("ml_dtypes", x.numpy().astype(ml).view(np.uint8)[0], 0x00, f"the {fmt} cast of nextbelow({v})")
     # the microxcaling profile does not model it (an element artefact, not a scale rule)
     assert PROFILES["microxcaling"].quantize(block(6.0, 0.24999999), E2M1)[0][0, 1].item() == 0x0
+    w.finish()
 
 
 def test_case8_even_rule_at_flt_max_carries_into_the_inf_field():
@@ -191,16 +222,22 @@ def test_case8_even_rule_at_flt_max_carries_into_the_inf_field():
     mx_tensor = pytest.importorskip("torchao.prototype.mx_formats.mx_tensor")
     config = pytest.importorskip("torchao.prototype.mx_formats.config")
     scale, data = mx_tensor.to_mx(x, torch.float8_e4m3fn, 32, config.ScaleCalculationMode.EVEN)
-    assert (scale.view(torch.uint8).item(), data.view(torch.uint8)[0, 0].item()) == (247, 0x78)
+    w = Witnesses()
+    w.expect("torchao", (scale.view(torch.uint8).item(), data.view(torch.uint8)[0, 0].item()), (247, 0x78),
+             "to_mx EVEN of a block with amax FLT_MAX (scale byte, code)")
+    w.finish()
 
 
 def test_case10_negative_zero_keeps_its_sign_as_ml_dtypes_and_torchao():
     # RE section 8 case 10: torchao, gfloat, ml_dtypes, torch, CUDA keep -0 (e2m1 0x8, e4m3
     # 0x80); TE's reference cast_to_fp4x2 and microxcaling give +0 (0x0).
-    assert np.array([-0.0], np.float32).astype(ml_dtypes.float4_e2m1fn).view(np.uint8)[0] == 0x8
     for name in ("ocp", "primus_turbo.mxfp4", "torchao.floor", "microxcaling"):
         assert get_profile(name).quantize(block(6.0, -0.0), E2M1)[0][0, 1].item() == 0x8, name
     assert PROFILES["te.mxfp8"].quantize(block(448.0, -0.0))[0][0, 1].item() == 0x80
+    w = Witnesses()
+    w.expect("ml_dtypes", np.array([-0.0], np.float32).astype(ml_dtypes.float4_e2m1fn).view(np.uint8)[0], 0x8,
+             "the e2m1 cast of -0.0")
+    w.finish()
 
 
 @pytest.mark.parametrize(("fmt", "top"), [("e2m1", 0x7), ("e2m3", 0x1F), ("e3m2", 0x1F)])
@@ -213,12 +250,17 @@ def test_case13_fp4_fp6_overflow_and_inf_saturate(fmt, top):
     for saturate in (True, False):
         assert encode(x, fmt, saturate=saturate).tolist() == expected
     ml = {"e2m1": ml_dtypes.float4_e2m1fn, "e2m3": ml_dtypes.float6_e2m3fn, "e3m2": ml_dtypes.float6_e3m2fn}[fmt]
-    assert x.numpy().astype(ml).view(np.uint8).tolist() == expected
+    w = Witnesses()
+    w.expect("ml_dtypes", x.numpy().astype(ml).view(np.uint8).tolist(), tuple(expected), f"the {fmt} casts of 1e30, +-inf")
     gfloat = pytest.importorskip("gfloat")
     formats = pytest.importorskip("gfloat.formats")
     info = getattr(formats, f"format_info_ocp_{fmt}")
-    with pytest.raises(ValueError):
-        gfloat.round_float(info, 1e30, gfloat.RoundMode.TiesToEven, False)
+    try:
+        outcome = repr(gfloat.round_float(info, 1e30, gfloat.RoundMode.TiesToEven, False))
+    except ValueError:
+        outcome = "ValueError"
+    w.expect("gfloat", outcome, "ValueError", f"round_float({fmt}, 1e30, sat=False)")
+    w.finish()
 
 
 # ------------------------------------------------------------------ the command
@@ -255,7 +297,7 @@ def test_command_table_as_text_and_json(capsys):
     code, out, _ = run(capsys, "divergence", "--table")
     assert code == 0 and out == div.table_text()
     code, out, _ = run(capsys, "divergence", "--table", "--json")
-    assert code == 0 and len(json.loads(out)) == 20
+    assert code == 0 and len(json.loads(out)) == len(div.DIVERGENCE_TABLE) == 21
 
 
 @pytest.mark.parametrize(("argv", "needle"), [

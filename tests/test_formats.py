@@ -1,10 +1,11 @@
 """mxcheck.formats and mxcheck.reference against outside witnesses.
 
-Witnesses: ml_dtypes 0.6 casts and decodes, gfloat 0.5.2 ``round_float`` + ``encode_float``
-(exact, float64), torch's own dtypes, float64 arithmetic on witness-decoded tables. No
-expected value here comes from mxcheck. Where a witness disagrees with mxcheck by design
-the test pins the witness's bits (section "pinned disagreements"), citing
-/work/shared/research/reference_emulators.md ("RE" below) by section.
+Witnesses: ml_dtypes (0.6 and 0.7) casts and decodes, gfloat 0.5.2 ``round_float`` +
+``encode_float`` (exact, float64), torch's own dtypes, float64 arithmetic on witness-decoded
+tables. No expected value here comes from mxcheck. Where a witness disagrees with mxcheck by
+design the test pins the witness's bits per witness version (section "pinned
+disagreements", tests/_witness.py), citing /work/shared/research/reference_emulators.md
+("RE" below) by section.
 
 Two tests here fail on purpose until formats.py is fixed (nothing is skipped):
 test_nan_keeps_its_sign_from_every_source_dtype_in_every_mode[*-float16] (a float16 -NaN
@@ -41,6 +42,7 @@ from hypothesis import strategies as st
 import mxcheck
 from mxcheck.formats import FORMATS, decode, encode, get_format
 from mxcheck.reference import decode_scalar, encode_scalar
+from tests._witness import Witnesses
 
 pytestmark = pytest.mark.emulated
 
@@ -677,13 +679,20 @@ def test_trunc_never_increases_magnitude(fmt, data):
 def test_ml_dtypes_maps_nan_to_the_negative_zero_code_where_mxcheck_raises(name, plus_nan, minus_nan):
     # RE section 2 (ml_dtypes: quiet_NaN() of the fn types is the -0 code) and section 8 item 9.
     x = np.array([np.nan, -np.nan], dtype=np.float32)
-    assert x.astype(ML[name]).view(np.uint8).tolist() == [plus_nan, minus_nan]
     with pytest.raises(ValueError, match=rf"x holds NaN but fmt={name} has no NaN encoding"):
         encode(torch.from_numpy(x), name)
+    w = Witnesses()
+    w.expect("ml_dtypes", x.astype(ML[name]).view(np.uint8).tolist(), (plus_nan, minus_nan),
+             f"the {name} cast of float32 +NaN, -NaN")
+    w.finish()
 
 
 # RE section 1e and section 8 item 14. Columns: torch .to(float8_e8m0fnu), ml_dtypes astype,
 # gfloat TiesToEven (sat=False), mxcheck rne saturate=False, mxcheck rne saturate=True.
+# A witness cell is its code on every observed version (tests/_witness.py OBSERVED), or
+# {version range: code} where the witness changed. ml_dtypes 0.6 rounded float32 subnormals
+# in (2^-127, 1.5 * 2^-127) up to 2^-126 (0x01); 0.7 rounds them to nearest, 2^-127 (0x00).
+ML_E8M0_SUBNORMAL = {"<0.7": 0x01, ">=0.7": 0x00}
 E8M0_CASTS = [
     # input (float32 unless noted)         torch ml    gfloat mx   mx_sat
     ("0.0", 0.0,                            0x00, 0xFF, 0xFF, 0xFF, 0xFF),
@@ -695,9 +704,9 @@ E8M0_CASTS = [
     ("0.75 tie", 0.75,                      0x7F, 0x7F, 0x7E, 0x7F, 0x7F),
     ("2^-128", 2.0**-128,                   0x00, 0x00, 0xFF, 0xFF, 0xFF),  # tie with "zero": NaN
     ("2^-149", 2.0**-149,                   0x00, 0x00, 0xFF, 0xFF, 0xFF),
-    ("1.25*2^-127", 1.25 * 2.0**-127,       0x01, 0x01, 0x00, 0x00, 0x00),  # fp32 subnormal
+    ("1.25*2^-127", 1.25 * 2.0**-127,       0x01, ML_E8M0_SUBNORMAL, 0x00, 0x00, 0x00),  # fp32 subnormal
     ("1.5*2^-127 tie", 1.5 * 2.0**-127,     0x01, 0x01, 0x00, 0x01, 0x01),
-    ("nextbelow(1.5*2^-127)", float(nextafter32(1.5 * 2.0**-127, 0)), 0x01, 0x01, 0x00, 0x00, 0x00),
+    ("nextbelow(1.5*2^-127)", float(nextafter32(1.5 * 2.0**-127, 0)), 0x01, ML_E8M0_SUBNORMAL, 0x00, 0x00, 0x00),
     ("1.5*2^-128", 1.5 * 2.0**-128,         0x00, 0x00, 0x00, 0x00, 0x00),
     ("1.4*2^127", float(np.float32(1.4 * 2.0**127)), 0xFE, 0xFE, 0xFE, 0xFE, 0xFE),
     ("1.5*2^127 tie", 1.5 * 2.0**127,       0xFF, 0xFF, 0xFE, 0xFF, 0xFE),
@@ -712,12 +721,14 @@ E8M0_CASTS = [
 def test_e8m0_casts_of_torch_ml_dtypes_gfloat_and_mxcheck(label, x, torch_code, ml_code, gf_code, mx_code, mx_sat_code):
     t = torch.tensor([x], dtype=torch.float32)
     assert float(t) == x or math.isnan(x)
-    assert t.to(torch.float8_e8m0fnu).view(torch.uint8).item() == torch_code
-    assert t.numpy().astype(ml_dtypes.float8_e8m0fnu).view(np.uint8)[0] == ml_code
-    r = gfloat.round_float(GF["e8m0"], x, RoundMode.TiesToEven, False)
-    assert (0xFF if math.isnan(r) else gfloat.encode_float(GF["e8m0"], r)) == gf_code
     assert encode(t, "e8m0", saturate=False).item() == mx_code
     assert encode(t, "e8m0").item() == mx_sat_code
+    w, what = Witnesses(), f"the e8m0 cast of float32 {label}"
+    w.expect("torch", t.to(torch.float8_e8m0fnu).view(torch.uint8).item(), torch_code, what)
+    w.expect("ml_dtypes", t.numpy().astype(ml_dtypes.float8_e8m0fnu).view(np.uint8)[0], ml_code, what)
+    r = gfloat.round_float(GF["e8m0"], x, RoundMode.TiesToEven, False)
+    w.expect("gfloat", 0xFF if math.isnan(r) else gfloat.encode_float(GF["e8m0"], r), gf_code, what)
+    w.finish()
 
 
 def test_gfloat_e8m0_maps_values_that_round_to_its_least_value_to_nan():
@@ -759,16 +770,17 @@ def test_fp8_overflow_of_ml_dtypes_torch_and_mxcheck(name, x, ml_code, torch_cod
     # torch 2.13's eager e4m3fn cast saturates finite overflow AND +-Inf to +-448, as
     # mxcheck's saturate=True (RE section 2 saw torch 2.11 give NaN there; pytorch#178817).
     t = torch.tensor([x], dtype=torch.float32)
-    assert t.numpy().astype(ML[name]).view(np.uint8)[0] == ml_code
-    torch_dtype = get_format(name).torch_dtype
-    assert t.to(torch_dtype).view(torch.uint8).item() == torch_code, f"torch {torch.__version__}"
     assert encode(t, name, saturate=False).item() == mx_code
     assert encode(t, name, saturate=True).item() == mx_sat_code
+    w, what = Witnesses(), f"the {name} cast of float32 {x}"
+    w.expect("ml_dtypes", t.numpy().astype(ML[name]).view(np.uint8)[0], ml_code, what)
+    w.expect("torch", t.to(get_format(name).torch_dtype).view(torch.uint8).item(), torch_code, what)
+    w.finish()
 
 
 # RE section 8 item 11. +NaN, -NaN (float32) -> codes.
 NAN_CODES = [
-    # name   ml_dtypes        torch            gfloat  mxcheck
+    # name   ml_dtypes (fp16: numpy)  torch   gfloat  mxcheck
     ("e4m3", (0x7F, 0xFF), (0x7F, 0xFF), 0xFF, (0x7F, 0xFF)),
     ("e5m2", (0x7E, 0xFE), (0x7F, 0xFF), 0xFF, (0x7F, 0xFF)),
     ("e4m3fnuz", (0x80, 0x80), (0x80, 0x80), 0x80, (0x80, 0x80)),
@@ -781,49 +793,58 @@ NAN_CODES = [
 @pytest.mark.parametrize(("name", "ml_codes", "torch_codes", "gf_code", "mx_codes"), NAN_CODES)
 def test_nan_codes_of_ml_dtypes_torch_gfloat_and_mxcheck(name, ml_codes, torch_codes, gf_code, mx_codes):
     x = np.array([np.nan, -np.nan], dtype=np.float32)
+    assert tuple(encode(torch.from_numpy(x), name).tolist()) == mx_codes
+    w, what = Witnesses(), f"the {name} cast of float32 +NaN, -NaN"
     mdt = {"bf16": ml_dtypes.bfloat16, "fp16": np.float16}.get(name) or ML[name]
     width = np.uint8 if np.dtype(mdt).itemsize == 1 else np.uint16
-    assert tuple(x.astype(mdt).view(width).tolist()) == ml_codes
+    w.expect("numpy" if name == "fp16" else "ml_dtypes", x.astype(mdt).view(width).tolist(), ml_codes, what)
     t = torch.from_numpy(x).to(get_format(name).torch_dtype)
     t = t.view(torch.uint8) if t.element_size() == 1 else t.view(torch.int16).to(torch.int32) & 0xFFFF
-    assert tuple(t.tolist()) == torch_codes
-    assert gfloat.encode_float(GF[name], math.nan) == gf_code
-    assert tuple(encode(torch.from_numpy(x), name).tolist()) == mx_codes
+    w.expect("torch", t.tolist(), torch_codes, what)
+    w.expect("gfloat", gfloat.encode_float(GF[name], math.nan), gf_code, f"gfloat's {name} NaN code")
+    w.finish()
 
 
-# Not in RE: ml_dtypes 0.6 and torch 2.13 convert a float64 input to float32 first, so a
-# float64 just off a tie rounds twice. mxcheck and gfloat round the float64 value once.
-# Columns: ml_dtypes astype from float64, torch .to() from float64 (None: no torch cast),
-# mxcheck (== gfloat TiesToEven, checked).
+# Not in RE: ml_dtypes < 0.7 and torch 2.13 convert a float64 input to float32 first, so a
+# float64 just off a tie rounds twice; ml_dtypes 0.7, gfloat and mxcheck round the float64
+# value once. Columns: ml_dtypes astype from float64 (None: no ml_dtypes type), torch .to()
+# from float64 (None: no torch cast), mxcheck (== gfloat TiesToEven, checked).
+def _ml_rounds_once_since_0_7(twice: int, once: int) -> dict[str, int]:
+    return {"<0.7": twice, ">=0.7": once}
+
+
 DOUBLE_ROUNDING = [
-    ("e2m1", "0x1.0000000000001p-2", 0x0, None, 0x1),  # 0.25 + ulp -> 0.5, not 0
-    ("e2m1", "0x1.bffffffffffffp+1", 0x6, None, 0x5),  # 3.5 - ulp -> 3, not 4
-    ("e2m3", "0x1.0000000000001p-4", 0x00, None, 0x01),
-    ("e3m2", "0x1.0000000000001p-5", 0x00, None, 0x01),
-    ("e4m3", "0x1.0000000000001p-10", 0x00, 0x00, 0x01),
-    ("e5m2", "0x1.0000000000001p-17", 0x00, 0x00, 0x01),
-    ("e8m0", "0x1.7ffffffffffffp+1", 0x81, 0x81, 0x80),  # 3 - ulp -> 2, not 4
-    ("bf16", "0x1.0100000000001p+0", 0x3F80, 0x3F80, 0x3F81),
+    ("e2m1", "0x1.0000000000001p-2", _ml_rounds_once_since_0_7(0x0, 0x1), None, 0x1),  # 0.25 + ulp -> 0.5, not 0
+    ("e2m1", "0x1.bffffffffffffp+1", _ml_rounds_once_since_0_7(0x6, 0x5), None, 0x5),  # 3.5 - ulp -> 3, not 4
+    ("e2m3", "0x1.0000000000001p-4", _ml_rounds_once_since_0_7(0x00, 0x01), None, 0x01),
+    ("e3m2", "0x1.0000000000001p-5", _ml_rounds_once_since_0_7(0x00, 0x01), None, 0x01),
+    ("e4m3", "0x1.0000000000001p-10", _ml_rounds_once_since_0_7(0x00, 0x01), 0x00, 0x01),
+    ("e5m2", "0x1.0000000000001p-17", _ml_rounds_once_since_0_7(0x00, 0x01), 0x00, 0x01),
+    ("e8m0", "0x1.7ffffffffffffp+1", _ml_rounds_once_since_0_7(0x81, 0x80), 0x81, 0x80),  # 3 - ulp -> 2, not 4
+    ("bf16", "0x1.0100000000001p+0", _ml_rounds_once_since_0_7(0x3F80, 0x3F81), 0x3F80, 0x3F81),
     ("fp16", "0x1.0020000000001p+0", None, 0x3C00, 0x3C01),  # numpy's own float16 gives 0x3C01
 ]
 
 
-@pytest.mark.parametrize(("name", "hex_x", "ml_code", "torch_code", "mx_code"), DOUBLE_ROUNDING)
+@pytest.mark.parametrize(("name", "hex_x", "ml_code", "torch_code", "mx_code"), DOUBLE_ROUNDING,
+                         ids=[f"{c[0]}-{c[1]}" for c in DOUBLE_ROUNDING])
 def test_ml_dtypes_and_torch_round_float64_inputs_twice(name, hex_x, ml_code, torch_code, mx_code):
     x = float.fromhex(hex_x)
     t = torch.tensor([x], dtype=torch.float64)
+    assert gfloat.encode_float(GF[name], gfloat.round_float(GF[name], x, RoundMode.TiesToEven, True)) == mx_code
+    assert encode(t, name).item() == mx_code
+    w, what = Witnesses(), f"the {name} cast of float64 {hex_x}"
+    if name == "fp16":  # numpy's own float16 rounds once
+        w.expect("numpy", np.array([x]).astype(np.float16).view(np.uint16)[0], mx_code, what)
     if ml_code is not None:
         mdt = {"bf16": ml_dtypes.bfloat16}.get(name) or ML[name]
         width = np.uint16 if name == "bf16" else np.uint8
-        assert np.array([x]).astype(mdt).view(width)[0] == ml_code
+        w.expect("ml_dtypes", np.array([x]).astype(mdt).view(width)[0], ml_code, what)
     if torch_code is not None:
         got = t.to(get_format(name).torch_dtype)
         got = got.view(torch.uint8) if got.element_size() == 1 else got.view(torch.int16).to(torch.int32) & 0xFFFF
-        assert got.item() == torch_code
-    if name == "fp16":
-        assert np.array([x]).astype(np.float16).view(np.uint16)[0] == mx_code
-    assert gfloat.encode_float(GF[name], gfloat.round_float(GF[name], x, RoundMode.TiesToEven, True)) == mx_code
-    assert encode(t, name).item() == mx_code
+        w.expect("torch", got.item(), torch_code, what)
+    w.finish()
 
 
 def test_gfloat_float64_ties_to_away_and_stochastic_fastest_round_up_below_a_tie():

@@ -260,3 +260,40 @@ def test_raises(backend, recipe):
     pytester.runpytest(*workers, "--mxcheck-report", str(path)).assert_outcomes(failed=1)
     (record,) = json.loads(path.read_text())["records"]
     assert (record["backend"], record["recipe"], record["kind"]) == ("emulated", "mxfp4", "test")
+
+
+DRIFT = """
+import pytest
+
+def test_drifted():
+    pytest.xfail("witness drift: ml_dtypes 0.8.0 gives 0x00 for the e8m0 cast of 1.25*2^-127; "
+                 "pinned 0x01 for ml_dtypes>=0.7 (observed on 0.6.0, 0.7.0)")
+
+def test_other_xfail():
+    pytest.xfail("a known bug, not a witness")
+
+def test_passes():
+    pass
+"""
+
+
+@pytest.mark.parametrize("workers", [[], ["-n", "2", "-p", "xdist"]], ids=["serial", "xdist"])
+def test_a_witness_drift_xfail_is_counted_and_reported(pytester, cpu_only, workers):
+    # tests/_witness.py xfails a test whose witness, newer than its pins, answers otherwise;
+    # the run stays green and the drift is counted, named and written to the report.
+    pytester.makepyfile(DRIFT)
+    path = pytester.path / "r.json"
+    result = pytester.runpytest(*workers, "--mxcheck-report", str(path))
+    result.assert_outcomes(passed=1, xfailed=2)
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.fnmatch_lines([
+        "*0 numeric checks, 0 failed, 0 tests skipped on this hardware, 1 witness drifts",
+        "test_a_witness_drift_xfail_is_counted_and_reported.py::test_drifted: witness drift: "
+        "ml_dtypes 0.8.0 gives 0x00 *pinned 0x01 for ml_dtypes>=0.7 (observed on 0.6.0, 0.7.0)",
+    ])
+    data = json.loads(path.read_text())
+    assert data["witness_drifts"] == [{
+        "test_id": "test_a_witness_drift_xfail_is_counted_and_reported.py::test_drifted",
+        "reason": "witness drift: ml_dtypes 0.8.0 gives 0x00 for the e8m0 cast of 1.25*2^-127; "
+                  "pinned 0x01 for ml_dtypes>=0.7 (observed on 0.6.0, 0.7.0)"}]
+    assert data["skipped"] == [] and data["records"] == []

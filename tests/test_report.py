@@ -116,6 +116,17 @@ def test_merge_of_worker_reports_equals_the_whole_run(small: Report) -> None:
     assert Report.merge(parts).records == Report.merge(parts[::-1]).records
 
 
+def test_witness_drifts_merge_sorted_round_trip_and_are_absent_when_none(small: Report) -> None:
+    drifts = [{"test_id": f"t{i}", "reason": f"witness drift: torch 2.14.0 gives 0x0{i}"} for i in (2, 1)]
+    parts = [Report(environment=dict(small.environment), records=small.records, witness_drifts=drifts[:1]),
+             Report(witness_drifts=drifts[1:])]
+    merged = Report.merge(parts)
+    assert merged.witness_drifts == drifts[::-1] == Report.merge(parts[::-1]).witness_drifts
+    assert Report.loads(merged.dumps()).witness_drifts == drifts[::-1]
+    assert json.loads(merged.dumps())["witness_drifts"] == drifts[::-1]
+    assert "witness_drifts" not in json.loads(small.dumps())  # reports without drift read as before
+
+
 def test_merge_keeps_every_value_of_an_environment_key_that_differs() -> None:
     a = Report(environment={"device": "MI355X", "seed": 1})
     b = Report(environment={"device": "MI300X", "seed": 1})
@@ -143,8 +154,10 @@ def test_unknown_keys_from_a_newer_writer_survive_load_and_save(tmp_path: Path) 
         ('{"version": 1, "records": [{"test_id": "t", "backend": "b", "recipe": "r", '
          '"passed": true, "direction": "up"}]}', r"records\[0\]: direction='up'"),
         ('{"version": 1, "skipped": [{"test_id": "t"}]}', r"skipped\[0\]"),
+        ('{"version": 1, "witness_drifts": [{"reason": "r"}]}', r"witness_drifts\[0\]=\{'reason': 'r'\}"),
     ],
-    ids=["truncated", "newer-version", "no-version", "bad-direction", "skip-without-reason"],
+    ids=["truncated", "newer-version", "no-version", "bad-direction", "skip-without-reason",
+         "drift-without-test"],
 )
 def test_load_error_names_the_file_and_the_problem(tmp_path: Path, text: str,
                                                    problem: str) -> None:

@@ -5,7 +5,9 @@ JSON is the stored form. Non-finite floats are written as the strings ``"nan"``,
 is an ordinary value here); ``None`` is ``null``. ``Report.save`` writes sorted records
 with sorted keys so the same records give byte-identical files whatever order xdist
 workers delivered them in. Keys this version does not know are kept and written back,
-so a newer writer's sections survive a merge by an older reader.
+so a newer writer's sections survive a merge by an older reader. ``witness_drifts``
+(tests xfailed because a witness library newer than its pins answered differently) is
+written only when a run saw any, so reports without drift read as before.
 """
 
 from __future__ import annotations
@@ -181,14 +183,14 @@ class Record:
         return cls(**kwargs, unknown=unknown)
 
 
-def _check_skipped(items: Any) -> list[dict[str, str]]:
+def _check_skipped(items: Any, name: str = "skipped") -> list[dict[str, str]]:
     if not isinstance(items, list):
-        raise ValueError(f"skipped must be a list, got {type(items).__name__}")
+        raise ValueError(f"{name} must be a list, got {type(items).__name__}")
     out = []
     for i, item in enumerate(items):
         if not (isinstance(item, dict) and isinstance(item.get("test_id"), str)
                 and isinstance(item.get("reason"), str)):
-            raise ValueError(f"skipped[{i}]={item!r}; expected {{'test_id': str, 'reason': str}}")
+            raise ValueError(f"{name}[{i}]={item!r}; expected {{'test_id': str, 'reason': str}}")
         out.append(dict(item))
     return out
 
@@ -210,6 +212,7 @@ class Report:
     skipped: list[dict[str, str]] = field(default_factory=list)  # {"test_id", "reason"}
     version: int = SCHEMA_VERSION
     unknown: dict[str, Any] = field(default_factory=dict)  # top-level keys from a newer writer
+    witness_drifts: list[dict[str, str]] = field(default_factory=list)  # {"test_id", "reason"}
 
     @classmethod
     def merge(cls, reports: list[Report]) -> Report:
@@ -226,6 +229,7 @@ class Report:
             environment=_merge_dicts([r.environment for r in reports]),
             records=sorted((rec for r in reports for rec in r.records), key=Record.sort_key),
             skipped=sorted((s for r in reports for s in r.skipped), key=_skip_key),
+            witness_drifts=sorted((d for r in reports for d in r.witness_drifts), key=_skip_key),
             version=versions.pop() if versions else SCHEMA_VERSION,
             unknown=_merge_dicts([r.unknown for r in reports]),
         )
@@ -239,6 +243,8 @@ class Report:
             records=[r.to_json() for r in sorted(self.records, key=Record.sort_key)],
             skipped=sorted(_check_skipped(self.skipped), key=_skip_key),
         )
+        if self.witness_drifts:
+            out["witness_drifts"] = sorted(_check_skipped(self.witness_drifts, "witness_drifts"), key=_skip_key)
         return out
 
     @classmethod
@@ -264,9 +270,10 @@ class Report:
                 records.append(Record.from_json(item))
             except (TypeError, ValueError) as e:
                 raise ValueError(f"records[{i}]: {e}") from None
-        known = ("version", "environment", "records", "skipped")
+        known = ("version", "environment", "records", "skipped", "witness_drifts")
         return cls(environment=env, records=records,
                    skipped=_check_skipped(data.get("skipped", [])),
+                   witness_drifts=_check_skipped(data.get("witness_drifts", []), "witness_drifts"),
                    unknown={k: v for k, v in data.items() if k not in known})
 
     def dumps(self) -> str:
