@@ -269,6 +269,14 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
                    "byte 25 for 0 < amax < 1e-30",
                    "where(amax > 0, se, 0): a NaN amax gives byte 127 (torch path; Triton's tl.max "
                    "NaN handling not verified)", *_MXFP6_NOTES)),
+    Profile("aiter.mxfp4.triton", "e2m1", scale_rule="even", rounding="half_away",
+            source="amd-aiter 0.1.7.post2.dev18 aiter/utility/fp4_utils.py::_dynamic_mxfp4_quant_kernel (Triton)",
+            notes=("scale: (amax bits + 0x200000) & 0xFF800000, floor(log2) - 2: the even rule",
+                   "codes: ((e << 2 | m >> 21) + 1) >> 1 on the float32 bits: ties away from zero",
+                   "byte = scale_e8m0_unbiased.to(tl.uint8) + 127 converts a negative float to unsigned; "
+                   "on an NVIDIA H200 that saturates to 0, so every block with a negative exponent stores "
+                   "byte 127 (references/vectors/aiter_triton_mxfp4_h200.pt); this profile gives the bytes "
+                   "the kernel means (wrap-around), the H200 run is pinned by a test")),
     Profile("torchao.floor", subnormal_scale_clamp=2.0**-126, source=_TORCHAO,
             notes=("scale_fp32 = clamp(2^(b-127), min=F32_MIN_NORMAL): byte-0 blocks are divided by 2^-126",
                    "NaN blocks: byte 255, element bits left as the cast made them (mxcheck stores its own)")),
