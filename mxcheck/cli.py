@@ -7,7 +7,8 @@ is those two small functions and one line in the table.
 
 Exit codes: 0 success, 1 a regression (``compare``) or a failed deployment check (an error
 finding, a missing tuned shape, a logged miss), 2 bad usage or a bad input file.
-Every error is one line on stderr (``mxcheck <command>: error: ...``), never a traceback.
+Every error is one line on stderr (``mxcheck <command>: error: ...``), never a traceback; an
+unexpected exception too is exit 2 with one line naming the command's files (``main``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from mxcheck.formats import FORMATS, FloatFormat
 from mxcheck.report import Report, ReportError, compare_files, render_html, render_markdown
 from mxcheck.report.compare import DEFAULT_MAX_DROP_DB
 from mxcheck.report.environment import package_versions
+from mxcheck.report.markdown import DEFAULT_ARTIFACT, DEFAULT_MAX_CHARS
 
 __all__ = [
     "COMMANDS",
@@ -296,8 +298,26 @@ def _report_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--baseline", type=Path, metavar="BASE.json",
                    help="add a column with the change against this report")
     add_max_drop_option(p.add_argument)
+    p.add_argument("--max-chars", type=_max_chars, default=DEFAULT_MAX_CHARS, metavar="N",
+                   help="cut the Markdown to at most N characters (GitHub refuses a comment "
+                        "over 65,536), keeping the summary and failures first and saying how "
+                        "many records were cut; 0: no limit. Default: %(default)r")
+    p.add_argument("--artifact", default=DEFAULT_ARTIFACT, metavar="NAME",
+                   help="the artifact a cut comment points to for the full report. "
+                        "Default: %(default)r")
     p.add_argument("-q", "--quiet", action="store_true",
                    help="no progress lines on stderr. Default: %(default)r")
+
+
+def _max_chars(text: str) -> int | None:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"max-chars must be a number of characters >= 0 "
+                                         f"(0: no limit), got {text!r}")
+    return value or None
 
 
 def run_report(args: argparse.Namespace) -> int:
@@ -308,7 +328,8 @@ def run_report(args: argparse.Namespace) -> int:
     try:
         if args.md is not None or args.html is None:
             say(f"rendering Markdown ({n})...")
-            md = render_markdown(report, baseline, args.max_drop_db)
+            md = render_markdown(report, baseline, args.max_drop_db, max_chars=args.max_chars,
+                                 artifact=args.artifact)
             if args.md is None:
                 _out(md)
             else:
@@ -823,3 +844,16 @@ def main(argv: list[str] | None = None) -> int:
     except CommandError as e:
         print(f"{PROG} {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except Exception as e:  # never a traceback, never exit 1 (1 means a regression/finding)
+        message = " ".join(f"{type(e).__name__}: {e}".split())
+        print(f"{PROG} {args.command}: error: {_inputs(args)}unexpected {message} "
+              "(a bug in mxcheck or an input it does not handle)", file=sys.stderr)
+        return 2
+
+
+def _inputs(args: argparse.Namespace) -> str:
+    """"on input=r.json, md=out.md: " for the files a command was given, else ""."""
+    paths = [(dest, value) for dest, value in vars(args).items() if isinstance(value, Path)]
+    if not paths:
+        return ""
+    return "on " + ", ".join(f"{dest}={value}" for dest, value in paths) + ": "

@@ -12,6 +12,7 @@ import argparse
 import hashlib
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,7 +21,14 @@ import torch
 from mxcheck import backends as backend_registry
 from mxcheck import hardware
 from mxcheck.cli import add_max_drop_option
-from mxcheck.report import Record, Report, collect_environment, compare, format_comparison
+from mxcheck.report import (
+    Record,
+    Report,
+    ReportError,
+    collect_environment,
+    compare,
+    format_comparison,
+)
 
 __all__ = ["COLLECTOR", "RECORD_KEY", "WITNESS_DRIFT", "Collector", "add_options"]
 
@@ -97,6 +105,7 @@ class Collector:
         self.skipped: list[dict[str, str]] = []
         self.witness_drifts: list[dict[str, str]] = []
         self.comparison_text: str | None = None
+        self.baseline: Report | None = None  # loaded at configure, so a bad file fails first
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> Collector:
@@ -107,7 +116,11 @@ class Collector:
                 loaded.append(backend_registry.get(name))
             except backend_registry.BackendLoadError as e:
                 raise pytest.UsageError(f"--mxcheck-backend: {e}") from e
-        return cls(config, loaded)
+        collector = cls(config, loaded)
+        if not collector.is_worker:  # the controller alone writes and compares
+            _check_report_path(config.getoption("mxcheck_report"))
+            collector.baseline = _load_baseline(config.getoption("mxcheck_baseline"))
+        return collector
 
     @property
     def is_worker(self) -> bool:
@@ -188,9 +201,8 @@ class Collector:
         path = self.config.getoption("mxcheck_report")
         if path:
             report.save(path)
-        baseline = self.config.getoption("mxcheck_baseline")
-        if baseline:
-            result = compare(Report.load(baseline), report, self.config.getoption("mxcheck_max_drop_db"))
+        if self.baseline is not None:
+            result = compare(self.baseline, report, self.config.getoption("mxcheck_max_drop_db"))
             self.comparison_text = format_comparison(result)
             if not result.ok:
                 session.exitstatus = pytest.ExitCode.TESTS_FAILED
@@ -210,6 +222,36 @@ class Collector:
             tr.write_line(f"report: {self.config.getoption('mxcheck_report')}")
         if self.comparison_text:
             tr.write_line(self.comparison_text)
+
+
+def _check_report_path(path: str | None) -> None:
+    """UsageError at configure, not after every test ran, if no report can be written there.
+
+    ``Report.save`` writes a temporary file beside ``path`` and renames it, so the directory
+    must exist and be writable; ``path`` itself need not exist.
+    """
+    if not path:
+        return
+    target = Path(path)
+    if target.is_dir():
+        raise pytest.UsageError(f"--mxcheck-report {path}: is a directory; give a file path, "
+                                f"e.g. {target / 'mxcheck-report.json'}")
+    if not target.parent.is_dir():
+        raise pytest.UsageError(f"--mxcheck-report {path}: directory {target.parent} does not "
+                                "exist; create it first")
+    if not os.access(target.parent, os.W_OK | os.X_OK):
+        raise pytest.UsageError(f"--mxcheck-report {path}: directory {target.parent} is not "
+                                "writable")
+
+
+def _load_baseline(path: str | None) -> Report | None:
+    """The baseline report, or UsageError at configure naming the option, file and problem."""
+    if not path:
+        return None
+    try:
+        return Report.load(path)
+    except ReportError as e:  # says "<path>: cannot read report: ..." or what is invalid
+        raise pytest.UsageError(f"--mxcheck-baseline: {e}") from None
 
 
 def _crash_message(report: pytest.TestReport) -> str:

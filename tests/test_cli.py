@@ -318,3 +318,64 @@ def test_compare_of_an_unreadable_file_is_exit_2(capsys: pytest.CaptureFixture[s
     code, out, err = run(capsys, "compare", SMALL, tmp_path / "bad.json")
     assert (code, out) == (2, "")
     assert_one_line_error(err, f"mxcheck compare: error: {tmp_path / 'bad.json'}: not valid JSON")
+
+
+# ---- a comment that fits; no crash escapes as a traceback or exit 1 ----------------------
+
+
+def test_report_max_chars_cuts_the_markdown_and_0_keeps_it_whole(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    records = [{"test_id": f"tests/t.py::test_x[{i}]", "backend": "triton", "recipe": "mxfp4",
+                "layer": f"blocks.{i}", "direction": "fwd", "snr_db": 20.0 + i,
+                "threshold_db": 10.0, "passed": i % 100 != 0} for i in range(3000)]
+    big = tmp_path / "big.json"
+    big.write_text(json.dumps({"version": 1, "records": records}), encoding="utf-8")
+    code, out, _ = run(capsys, "report", big, "-q")  # the default: a comment GitHub accepts
+    assert code == 0 and len(out) <= 65_000 < len(run(capsys, "report", big, "-q",
+                                                        "--max-chars", "0")[1])
+    assert out.count("❌") == 30  # every failure
+    assert "(cut to fit a GitHub comment); full report in the `mxcheck-report` artifact*" in out
+    code, out, _ = run(capsys, "report", big, "-q", "--max-chars", "5000", "--artifact", "rep-cuda")
+    assert code == 0 and len(out) <= 5000 and "`rep-cuda` artifact" in out
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("-1", "argument --max-chars: max-chars must be a number of characters >= 0 (0: no limit), "
+           "got '-1'"),
+    ("lots", "got 'lots'"),
+    ("50", "max_chars=50 is shorter than the summary"),
+])
+def test_report_bad_max_chars_is_exit_2(capsys: pytest.CaptureFixture[str], value: str,
+                                        message: str) -> None:
+    code, out, err = run(capsys, "report", SMALL, "-q", "--max-chars", value)
+    assert (code, out) == (2, "")
+    assert_one_line_error(err, message)
+
+
+@pytest.mark.parametrize("command", ["report", "compare"])
+def test_deeply_nested_json_is_exit_2_naming_the_file(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, command: str) -> None:
+    deep = tmp_path / "deep.json"
+    deep.write_text('{"version": 1, "x": ' + "[" * 100_000 + "]" * 100_000 + "}",
+                    encoding="utf-8")
+    argv = [command, deep] if command == "report" else [command, SMALL, deep]
+    code, out, err = run(capsys, *argv)
+    assert (code, out) == (2, "")
+    assert_one_line_error(err, f"mxcheck {command}: error: {deep}: JSON too deeply nested")
+
+
+def test_an_unexpected_exception_is_exit_2_with_one_line_naming_the_inputs(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path) -> None:
+    def crash(*args: object, **kwargs: object) -> str:
+        raise KeyError("snr_db\nsecond line")
+
+    monkeypatch.setattr("mxcheck.cli.render_markdown", crash)
+    code, out, err = run(capsys, "report", SMALL, "--md", tmp_path / "c.md", "-q")
+    assert (code, out) == (2, "")
+    assert_one_line_error(err, f"mxcheck report: error: on input={SMALL}, md={tmp_path / 'c.md'}: "
+                               "unexpected KeyError: 'snr_db\\nsecond line' (a bug in mxcheck")
+    monkeypatch.setattr("mxcheck.cli.collect_info", lambda: 1 / 0)
+    code, _, err = run(capsys, "info")  # no file arguments: nothing to name
+    assert code == 2
+    assert_one_line_error(err, "mxcheck info: error: unexpected ZeroDivisionError: division by zero")

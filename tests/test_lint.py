@@ -345,3 +345,83 @@ def test_cli_bad_env_file_line_is_exit_2(capsys: pytest.CaptureFixture[str],
     env.write_text("A=1\n???\n")
     code, _, err = run(capsys, "lint", RECIPES / "flux12b_local_mxfp4.yaml", "--env-file", env)
     assert code == 2 and "line 2" in err
+
+
+# ---- files a linter must refuse quickly and clearly --------------------------------------
+
+
+def alias_bomb(levels: int, width: int = 9) -> str:
+    """The "billion laughs" YAML: each level is ``width`` aliases of the one before, so the
+    expanded document has about width**levels nodes in a few hundred bytes."""
+    lines = ["l0: &l0 [" + ", ".join(['"lol"'] * width) + "]"]
+    lines += [f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * width) + "]"
+              for i in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
+def test_an_alias_bomb_is_refused_by_counting_each_shared_node_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from mxcheck.deploy import recipe as recipe_module
+
+    path = tmp_path / "bomb.yaml"
+    path.write_text(alias_bomb(9), encoding="utf-8")  # 9**9 = 387,420,489 expanded nodes
+    visits = [0]  # a count, not the nodes: a node's repr would print the expanded bomb
+    children = recipe_module._node_children
+
+    def counting(node: Any) -> Any:
+        visits[0] += 1
+        return children(node)
+
+    monkeypatch.setattr(recipe_module, "_node_children", counting)
+    with pytest.raises(ValueError, match=rf"^recipe {path}: its aliases expand to more than "
+                                         r"100,000 YAML nodes \(a 'billion laughs' alias bomb\?\)"):
+        load_recipe(path)
+    # The file has 28 nodes (the root, 9 keys, 9 lists, 9 strings): each is looked at at
+    # most once, where expanding would look at 100,000 before giving up.
+    assert 0 < visits[0] <= 28
+
+
+def test_anchors_and_aliases_within_the_bound_still_load(tmp_path: Path) -> None:
+    path = tmp_path / "ok.yaml"
+    path.write_text("common: &c {fp4: e2m1}\nmodules:\n  pre_trainer:\n    overrides:\n"
+                    "      <<: *c\n      fp4_recipe: mxfp4\n      extra: [*c, *c]\n", encoding="utf-8")
+    r = load_recipe(path)
+    assert (r.get("fp4"), r.get("fp4_recipe"), r.values["extra"]) == (
+        "e2m1", "mxfp4", [{"fp4": "e2m1"}, {"fp4": "e2m1"}])
+    path.write_text(alias_bomb(5), encoding="utf-8")  # 9**5 = 59,049 nodes: under the bound
+    assert load_recipe(path).values["l4"][0][0][0][0][0] == "lol"
+
+
+def test_a_recipe_that_refers_to_itself_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "self.yaml"
+    path.write_text("fp4: mxfp4\ntorch_compile: &t\n  enable: false\n  again: *t\n",
+                    encoding="utf-8")
+    with pytest.raises(ValueError, match=rf"^recipe {path}: line 2: an anchor contains an "
+                                         "alias to itself"):
+        load_recipe(path)
+    looped: dict[str, Any] = {"fp4": "mxfp4", "torch_compile": {}}
+    looped["torch_compile"]["again"] = looped["torch_compile"]  # built in Python, no YAML
+    with pytest.raises(ValueError, match=r"^recipe <recipe>: torch_compile.again contains itself"):
+        recipe_from_mapping(looped)
+
+
+def test_a_deeply_nested_recipe_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "deep.yaml"
+    path.write_text("fp4: " + "[" * 5000 + "]" * 5000 + "\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=rf"^recipe {path}: nested too deeply to read"):
+        load_recipe(path)
+
+
+@pytest.mark.parametrize(("text", "needle"), [
+    (alias_bomb(9), "alias bomb"),
+    ("a: &a [*a]\n", "line 1: an anchor contains an alias to itself"),
+    ("a: " + "{b: " * 5000 + "1" + "}" * 5000 + "\n", "nested too deeply"),
+], ids=["alias-bomb", "self-reference", "deep"])
+def test_cli_refuses_each_bad_recipe_with_exit_2_and_one_line(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, text: str, needle: str) -> None:
+    path = tmp_path / "r.yaml"
+    path.write_text(text, encoding="utf-8")
+    code, out, err = run(capsys, "lint", path)
+    assert (code, out) == (2, "")
+    assert err.count("\n") == 1 and err.startswith(f"mxcheck lint: error: recipe {path}: ")
+    assert needle in err

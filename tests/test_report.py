@@ -490,3 +490,125 @@ def test_compare_files_reports_an_unreadable_file_as_exit_code_2(tmp_path: Path)
 def test_compare_rejects_a_negative_max_drop(small: Report) -> None:
     with pytest.raises(ValueError, match=r"max_drop_db=-1"):
         compare(small, small, -1)
+
+
+# ---- a comment that fits GitHub's 65,536 characters -------------------------------------
+
+
+def many_records(n_pass: int, n_fail: int) -> Report:
+    """n_pass passing records over three groups with margins 1..n_pass dB, n_fail failing
+    ones with a message, and 50 skips: far longer than a small comment limit."""
+    groups = [("mxfp4", "triton"), ("mxfp6", "aiter"), ("fp8", "emulated")]
+    records = [snr_record(11.0 + i, recipe=groups[i % 3][0], backend=groups[i % 3][1],
+                          layer=f"blocks.{i}") for i in range(n_pass)]
+    records += [snr_record(5.0, passed=False, layer=f"failing.{i}",
+                           message=f"SNR 5.00 dB < 10.0 dB at failing.{i}") for i in range(n_fail)]
+    skipped = [{"test_id": f"tests/t.py::test_gpu[{i}]", "reason": "gfx950: needs an MI355X"}
+               for i in range(50)]
+    return Report(records=records, skipped=skipped)
+
+
+def shown_layers(text: str) -> list[str]:
+    return [line[2:].split("<br>")[0] for line in text.splitlines()
+            if line.startswith("| ") and "<br>" in line]
+
+
+def test_a_long_report_is_cut_to_max_chars_keeping_failures_and_smallest_margins() -> None:
+    report = many_records(n_pass=2000, n_fail=40)
+    full = render_markdown(report)
+    text = render_markdown(report, max_chars=20_000)
+    assert len(full) > 100_000 and len(text) <= 20_000
+    assert text.splitlines()[0] == full.splitlines()[0]  # the summary line, untouched
+    layers = shown_layers(text)
+    assert {f"failing.{i}" for i in range(40)} <= set(layers)
+    kept = sorted(int(x.split(".")[1]) for x in layers if x.startswith("blocks."))
+    # Passing rows go smallest margin first: blocks.0 .. blocks.(n-1), no gaps.
+    assert kept == list(range(len(kept))) and 0 < len(kept) < 2000
+    cut = 2040 - len(layers)
+    assert text.splitlines()[2] == (
+        f"*… and {cut:,} more records, 50 more skips (cut to fit a GitHub comment); full report "
+        "in the `mxcheck-report` artifact*")
+    assert "Skipped on this hardware" not in text
+    assert text.rstrip().endswith("</sub>")  # the provenance line stays
+
+
+def test_when_failures_alone_overflow_only_failures_are_shown_and_counted() -> None:
+    report = many_records(n_pass=30, n_fail=500)
+    text = render_markdown(report, max_chars=8_000, artifact="mxcheck-report-gfx950")
+    layers = shown_layers(text)
+    assert len(text) <= 8_000 and 0 < len(layers) < 500
+    assert all(x.startswith("failing.") for x in layers)
+    assert f"*… and {530 - len(layers):,} more records, 50 more skips" in text
+    assert "`mxcheck-report-gfx950` artifact" in text
+    assert f"mxfp4 / triton: 510 checks, 500 failed, worst margin -5.00 dB (showing {len(layers)})" \
+        in text
+
+
+def test_a_report_that_fits_is_unchanged_by_max_chars(small: Report, baseline: Report) -> None:
+    for base in (None, baseline):
+        full = render_markdown(small, base)
+        assert render_markdown(small, base, max_chars=65_000) == full
+        assert render_markdown(small, base, max_chars=len(full)) == full
+        cut = render_markdown(small, base, max_chars=len(full) - 1)
+        assert len(cut) < len(full) and "more records" in cut
+
+
+def test_max_chars_below_the_summary_is_a_value_error(small: Report) -> None:
+    with pytest.raises(ValueError, match=r"max_chars=100 is shorter than the summary"):
+        render_markdown(small, max_chars=100)
+    for bad in (0, -5, True, 1.5):
+        with pytest.raises(ValueError, match=rf"max_chars={bad!r}; expected a positive int"):
+            render_markdown(small, max_chars=bad)  # type: ignore[arg-type]
+
+
+def test_deeply_nested_json_is_a_report_error_not_a_recursion_error(tmp_path: Path) -> None:
+    path = tmp_path / "deep.json"
+    path.write_text('{"version": 1, "environment": {"x": ' + "[" * 100_000 + "]" * 100_000 + "}}",
+                    encoding="utf-8")
+    with pytest.raises(ReportError, match=rf"^{path}: JSON too deeply nested to read"):
+        Report.load(path)
+    code, text = compare_files(SMALL, path, 0.5)
+    assert code == 2 and "deep.json: JSON too deeply nested" in text
+
+
+# ---- the plugin checks --mxcheck-report and --mxcheck-baseline before any test runs ----
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--mxcheck-report", "{tmp}"], "*--mxcheck-report {tmp}: is a directory; give a file path*"),
+        (["--mxcheck-report", "{tmp}/no/such/r.json"],
+         "*--mxcheck-report {tmp}/no/such/r.json: directory {tmp}/no/such does not exist*"),
+        (["--mxcheck-report", "{tmp}/file.txt/r.json"], "*directory {tmp}/file.txt does not exist*"),
+        (["--mxcheck-baseline", "{tmp}/missing.json"],
+         "*--mxcheck-baseline: {tmp}/missing.json: cannot read report: *No such file*"),
+        (["--mxcheck-baseline", "{tmp}/file.txt"],
+         "*--mxcheck-baseline: {tmp}/file.txt: not valid JSON*"),
+        (["-n", "2", "--mxcheck-baseline", "{tmp}/file.txt"], "*--mxcheck-baseline: *not valid JSON*"),
+    ],
+    ids=["report-is-a-dir", "report-dir-missing", "report-dir-is-a-file", "baseline-missing",
+         "baseline-not-a-report", "baseline-not-a-report-xdist"],
+)
+def test_bad_report_and_baseline_paths_stop_the_run_before_any_test(
+        pytester: pytest.Pytester, args: list[str], message: str) -> None:
+    tmp = pytester.path / "out"
+    tmp.mkdir()
+    (tmp / "file.txt").write_text("not a report", encoding="utf-8")
+    ran = pytester.path / "ran"
+    pytester.makepyfile(f"def test_body():\n    open({str(ran)!r}, 'w').close()\n")
+    result = pytester.runpytest(*(a.replace("{tmp}", str(tmp)) for a in args))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([message.replace("{tmp}", str(tmp))])
+    assert not ran.exists()  # the test body never ran
+
+
+def test_a_good_report_path_and_baseline_run_the_tests(pytester: pytest.Pytester) -> None:
+    ran = pytester.path / "ran"
+    pytester.makepyfile(f"def test_body():\n    open({str(ran)!r}, 'w').close()\n")
+    result = pytester.runpytest("--mxcheck-report", "r.json",
+                                "--mxcheck-baseline", str(SMALL))
+    assert ran.exists() and (pytester.path / "r.json").exists()
+    # SMALL's checks are not in this run: they are "removed", which is no regression.
+    result.stdout.fnmatch_lines(["*15 removed*"])
+    assert result.ret == pytest.ExitCode.OK

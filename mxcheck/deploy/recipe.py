@@ -10,6 +10,11 @@ A key the recipe leaves out takes its Megatron/Primus code default from ``DEFAUL
 ``Recipe.is_set`` tells an explicit value from a default where a rule needs that.
 Included files (``config: pre_trainer.yaml``, ``model: diffusion/flux_12b.yaml``) are not
 read: their values count as defaults.
+
+YAML anchors and aliases are allowed, but a document whose aliases would expand past
+``MAX_YAML_NODES`` nodes (a "billion laughs" bomb: each level of aliases multiplies the size)
+or that refers to itself (``a: &x {b: *x}``) is refused while still a node graph, before any
+Python object is built: a linter must not hang or crash on the file it was asked to judge.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ __all__ = [
     "BACKEND_ENV",
     "BACKEND_NAMES",
     "DEFAULTS",
+    "MAX_YAML_NODES",
     "Recipe",
     "load_recipe",
     "parse_backend_env",
@@ -77,6 +83,63 @@ BACKEND_NAMES = ("CK", "HIPBLASLT", "AITER", "TRITON", "DEEP_EP", "TURBO", "FLYD
 _PRECISIONS = {"FP4": "FP4", "FP8": "FP8", "BF16": "BF16", "FP16": "BF16", "FP32": "BF16"}
 _AUTOTUNE = "AUTOTUNE"
 _PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::([^}]*))?\}")
+# A Primus experiment file has a few hundred nodes; aliases may not expand a document past this.
+MAX_YAML_NODES = 100_000
+
+
+def _node_children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    return list(node.value) if isinstance(node, yaml.SequenceNode) else []
+
+
+def _check_expansion(root: yaml.Node, limit: int = MAX_YAML_NODES) -> None:
+    """ValueError if ``root`` expanded (every alias replaced by its anchor's copy) would have
+    more than ``limit`` nodes, or if a node reaches itself through an alias. Counts with a
+    memo per shared node, so a bomb is measured in time linear in the file, never expanded."""
+    sizes: dict[int, int] = {}
+    on_path: set[int] = set()
+
+    def size(node: yaml.Node) -> int:
+        if id(node) in sizes:
+            return sizes[id(node)]
+        if id(node) in on_path:
+            raise ValueError(f"line {node.start_mark.line + 1}: an anchor contains an alias to "
+                             "itself, so the recipe would be infinitely deep; replace the alias "
+                             "with a copy of the values it needs")
+        on_path.add(id(node))
+        total = 1
+        for child in _node_children(node):
+            total += size(child)
+            if total > limit:
+                raise ValueError(f"its aliases expand to more than {limit:,} YAML nodes "
+                                 "(a 'billion laughs' alias bomb?); write the values out "
+                                 "instead of nesting aliases")
+        on_path.discard(id(node))
+        sizes[id(node)] = total
+        return total
+
+    size(root)
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that checks each composed document with ``_check_expansion``."""
+
+    def compose_document(self) -> yaml.Node | None:
+        node = super().compose_document()
+        if node is not None:
+            _check_expansion(node)
+        return node
+
+
+def _load_yaml(text: str) -> Any:
+    """``yaml.safe_load`` that refuses alias bombs and self-references (ValueError) and deep
+    nesting (ValueError instead of RecursionError); yaml.YAMLError for text that is not YAML."""
+    try:
+        return yaml.load(text, Loader=_BoundedLoader)  # a SafeLoader: no Python tags
+    except RecursionError:
+        raise ValueError("nested too deeply to read (Python's recursion limit); "
+                         "a recipe is a few levels of mappings") from None
 
 
 @dataclass(frozen=True)
@@ -100,12 +163,18 @@ class Recipe:
         return repr(value) if self.is_set(key) else f"{value!r} (default)"
 
 
-def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+def _flatten(data: Mapping[str, Any], prefix: str = "",
+             parents: tuple[int, ...] = ()) -> dict[str, Any]:
+    # ``parents`` are the ids of the enclosing mappings: a mapping built in Python that
+    # contains itself would otherwise recurse until RecursionError.
+    if id(data) in parents:
+        raise ValueError(f"{prefix.rstrip('.')} contains itself; a recipe must be a tree of "
+                         "mappings")
     out: dict[str, Any] = {}
     for key, value in data.items():
         name = f"{prefix}{key}"
         if isinstance(value, Mapping):
-            out.update(_flatten(value, f"{name}."))
+            out.update(_flatten(value, f"{name}.", (*parents, id(data))))
         else:
             out[name] = value
     return out
@@ -126,8 +195,8 @@ def _resolve(value: Any, env: Mapping[str, str] | None) -> Any:
     text = _PLACEHOLDER.sub(sub, value)
     if _PLACEHOLDER.fullmatch(value.strip()):
         try:
-            return yaml.safe_load(text) if text.strip() else None
-        except yaml.YAMLError:
+            return _load_yaml(text) if text.strip() else None
+        except (yaml.YAMLError, ValueError):
             return text
     return text
 
@@ -159,7 +228,11 @@ def recipe_from_mapping(data: Any, *, source: str = "<recipe>",
             raise ValueError(f"recipe {source}: 'modules' has no module with an 'overrides' "
                              "mapping; expected modules.pre_trainer.overrides")
         overrides = module["overrides"]
-    values = {k: _resolve(v, env) for k, v in _flatten(overrides).items()}
+    try:
+        flat = _flatten(overrides)
+    except ValueError as e:
+        raise ValueError(f"recipe {source}: {e}") from None
+    values = {k: _resolve(v, env) for k, v in flat.items()}
     return Recipe(values, source=source, model=_model_name(module, overrides))
 
 
@@ -168,9 +241,11 @@ def load_recipe(path: str | Path, env: Mapping[str, str] | None = None) -> Recip
     path = Path(path)
     text = path.read_text(encoding="utf-8")
     try:
-        data = yaml.safe_load(text)
+        data = _load_yaml(text)
     except yaml.YAMLError as e:
         raise ValueError(f"recipe {path}: not valid YAML: {e}".replace("\n", " ")) from None
+    except ValueError as e:
+        raise ValueError(f"recipe {path}: {e}") from None
     try:
         return recipe_from_mapping(data, source=str(path), env=env)
     except TypeError as e:

@@ -5,6 +5,10 @@ a summary line, a baseline line when a baseline is given, then one table per
 (recipe, backend) with failures first and then the smallest margin first (the rows a
 reviewer should read), then the checks skipped on this hardware. Long tables fold into
 ``<details>``; a table with a failure is folded open.
+
+GitHub refuses a comment over 65,536 characters, so ``render_markdown(max_chars=...)`` cuts
+rows and list items, least important first, keeping the summary line and every failure that
+fits, and says under the summary how many it cut and where the full report is.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from mxcheck.report.schema import Record, Report
 
 __all__ = [
     "COLLAPSE_ROWS",
+    "DEFAULT_ARTIFACT",
+    "DEFAULT_MAX_CHARS",
     "Row",
     "baseline_summary",
     "bits_text",
@@ -34,6 +40,10 @@ __all__ = [
 ]
 
 COLLAPSE_ROWS = 10  # tables longer than this fold into <details> so the comment stays short
+# GitHub refuses a comment body over 65,536 characters; the rest is room for the marker a
+# sticky-comment action adds.
+DEFAULT_MAX_CHARS = 65_000
+DEFAULT_ARTIFACT = "mxcheck-report"  # what a cut comment tells the reader to download
 
 
 @dataclass(frozen=True)
@@ -186,50 +196,152 @@ def _md_row(row: Row, with_baseline: bool) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
-def _md_table(name: tuple[str, str], rows: list[Row], with_baseline: bool) -> list[str]:
+def _md_table(name: tuple[str, str], rows: list[Row], lines: list[str],
+              with_baseline: bool) -> list[str]:
+    """A group's table: the title counts all ``rows``; ``lines`` are the rendered rows shown."""
     records = [row.record for row in rows]
     failed = sum(not r.passed for r in records)
     title = f"{md_escape(name[0])} / {md_escape(name[1])}: {len(rows)} checks, {failed} failed"
     w = worst(records)
     if w is not None:
         title += f", {worst_text(w)}"
+    if len(lines) < len(rows):
+        title += f" (showing {len(lines)})"
     header = ["check", "dir", "M×N×K", "SNR dB", "threshold", "margin"]
     header += ["Δ baseline"] if with_baseline else []
     header += ["mismatches", "pass"]
-    table = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    table += [_md_row(row, with_baseline) for row in rows]
-    if len(rows) <= COLLAPSE_ROWS:
+    table = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *lines]
+    if len(lines) <= COLLAPSE_ROWS:
         return [f"#### {title}", "", *table, ""]
     # GitHub needs the blank line after </summary> to render the table inside as Markdown.
     return [f"<details{' open' if failed else ''}><summary><b>{title}</b></summary>", "",
             *table, "", "</details>", ""]
 
 
-def _md_list(title: str, items: list[str]) -> list[str]:
+def _md_list(title: str, total: int, items: list[str]) -> list[str]:
+    """A bulleted list; the title counts ``total``, of which ``items`` are shown."""
     if not items:
         return []
+    title = f"{title} ({total})" if len(items) == total else f"{title} ({total}, showing {len(items)})"
     body = [f"- {item}" for item in items]
     if len(items) <= COLLAPSE_ROWS:
-        return [f"#### {title} ({len(items)})", "", *body, ""]
-    return [f"<details><summary><b>{title} ({len(items)})</b></summary>", "", *body, "",
-            "</details>", ""]
+        return [f"#### {title}", "", *body, ""]
+    return [f"<details><summary><b>{title}</b></summary>", "", *body, "", "</details>", ""]
+
+
+@dataclass
+class _Parts:
+    """Every piece of the comment, rendered once; ``keep`` picks which rows and items show."""
+
+    head: list[str]
+    groups: dict[tuple[str, str], list[Row]]
+    rows: dict[tuple[str, str], list[str]]  # rendered, in the groups' order
+    removed: list[str]
+    skipped: list[str]
+    foot: str
+    with_baseline: bool
+
+    def assemble(self, keep: set[tuple[str, Any, int]] | None = None, note: str = "") -> str:
+        """The Markdown; ``keep`` holds ("row", group, i), ("removed", None, i) and
+        ("skipped", None, i) (None keeps everything); ``note`` goes under the summary."""
+        def shown(kind: str, group: Any, items: list[str]) -> list[str]:
+            return [t for i, t in enumerate(items) if keep is None or (kind, group, i) in keep]
+
+        out = [*self.head, *([note, ""] if note else [])]
+        for name, rows in self.groups.items():
+            lines = shown("row", name, self.rows[name])
+            if lines or keep is None:
+                out += _md_table(name, rows, lines, self.with_baseline)
+        out += _md_list("In the baseline, missing from this run", len(self.removed),
+                        shown("removed", None, self.removed))
+        out += _md_list("Skipped on this hardware", len(self.skipped),
+                        shown("skipped", None, self.skipped))
+        out.append(self.foot)
+        return "\n".join(out) + "\n"
+
+    def priority(self) -> list[tuple[str, Any, int]]:
+        """Everything that can be cut, most important first: failures, regressions, checks
+        the baseline had and this run lost, the other rows smallest margin first, skips."""
+        rows = [(name, i, row) for name, group in self.groups.items()
+                for i, row in enumerate(group)]
+
+        def rank(entry: tuple[tuple[str, str], int, Row]) -> tuple:
+            r = entry[2].record
+            return (r.passed, entry[2].status != "regressed", _margin_order(r), r.sort_key())
+
+        ordered = sorted(rows, key=rank)
+        failing = [("row", name, i) for name, i, row in ordered if not row.record.passed
+                   or row.status == "regressed"]
+        passing = [("row", name, i) for name, i, row in ordered if row.record.passed
+                   and row.status != "regressed"]
+        return (failing + [("removed", None, i) for i in range(len(self.removed))] + passing
+                + [("skipped", None, i) for i in range(len(self.skipped))])
+
+
+def _parts(report: Report, c: Comparison | None) -> _Parts:
+    head = [f"**mxcheck**: {md_escape(summary_text(report))}", ""]
+    if c is not None:
+        head += [baseline_summary(c), ""]
+    groups = group_rows(report, c)
+    removed = [] if c is None else [
+        f"{md_escape(f'{r.recipe}/{r.backend} {_where(r)}')} <sub>{md_escape(r.test_id)}</sub>"
+        for r in c.removed]
+    skipped = [f"{md_escape(s['test_id'])}: {md_escape(s['reason'])}"
+               for s in sorted(report.skipped, key=lambda s: (s["test_id"], s["reason"]))]
+    return _Parts(head, groups,
+                  {name: [_md_row(row, c is not None) for row in rows]
+                   for name, rows in groups.items()},
+                  removed, skipped, f"<sub>{md_escape(environment_line(report.environment))}</sub>",
+                  c is not None)
+
+
+def _cut_note(parts: _Parts, keep: set[tuple[str, Any, int]], artifact: str) -> str:
+    """"*… and 1,234 more records, 56 more skips; full report in the `x` artifact*"."""
+    total = {"row": sum(map(len, parts.rows.values())), "removed": len(parts.removed),
+             "skipped": len(parts.skipped)}
+    left = {kind: n - sum(kind == k for k, _, _ in keep) for kind, n in total.items()}
+    counts = [f"{left['row']:,} more records"]
+    if left["removed"]:
+        counts.append(f"{left['removed']:,} more missing from the baseline")
+    if left["skipped"]:
+        counts.append(f"{left['skipped']:,} more skips")
+    return (f"*… and {', '.join(counts)} (cut to fit a GitHub comment); full report in the "
+            f"`{md_escape(artifact)}` artifact*")
 
 
 def render_markdown(report: Report, baseline: Report | None = None,
-                    max_drop_db: float = DEFAULT_MAX_DROP_DB) -> str:
-    """The report as a PR comment; with ``baseline``, a Δ column and the checks it lost."""
+                    max_drop_db: float = DEFAULT_MAX_DROP_DB, *, max_chars: int | None = None,
+                    artifact: str = DEFAULT_ARTIFACT) -> str:
+    """The report as a PR comment; with ``baseline``, a Δ column and the checks it lost.
+
+    With ``max_chars``, a longer comment keeps the summary line and as many rows as fit, in
+    the order of ``_Parts.priority`` (failures first), and says under the summary how many
+    records and list items were cut and that the full report is in ``artifact``. ValueError
+    if not even the summary and that note fit.
+    """
+    if max_chars is not None and (isinstance(max_chars, bool) or not isinstance(max_chars, int)
+                                  or max_chars < 1):
+        raise ValueError(f"max_chars={max_chars!r}; expected a positive int or None")
     c = None if baseline is None else compare(baseline, report, max_drop_db)
-    out = [f"**mxcheck**: {md_escape(summary_text(report))}", ""]
-    if c is not None:
-        out += [baseline_summary(c), ""]
-    for name, rows in group_rows(report, c).items():
-        out += _md_table(name, rows, c is not None)
-    if c is not None:
-        out += _md_list("In the baseline, missing from this run",
-                        [f"{md_escape(f'{r.recipe}/{r.backend} {_where(r)}')} "
-                         f"<sub>{md_escape(r.test_id)}</sub>" for r in c.removed])
-    out += _md_list("Skipped on this hardware",
-                    [f"{md_escape(s['test_id'])}: {md_escape(s['reason'])}"
-                     for s in sorted(report.skipped, key=lambda s: (s["test_id"], s["reason"]))])
-    out.append(f"<sub>{md_escape(environment_line(report.environment))}</sub>")
-    return "\n".join(out) + "\n"
+    parts = _parts(report, c)
+    full = parts.assemble()
+    if max_chars is None or len(full) <= max_chars:
+        return full
+    order = parts.priority()
+
+    def render(n: int) -> str:
+        keep = set(order[:n])
+        return parts.assemble(keep, _cut_note(parts, keep, artifact))
+
+    # The length grows with every item added, so the most that fit is found by bisection.
+    lo, hi = 0, len(order)
+    if len(render(0)) > max_chars:
+        raise ValueError(f"max_chars={max_chars:,} is shorter than the summary and the "
+                         f"note on what was cut ({len(render(0)):,} characters)")
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if len(render(mid)) <= max_chars:
+            lo = mid
+        else:
+            hi = mid - 1
+    return render(lo)

@@ -289,6 +289,9 @@ class Report:
         except json.JSONDecodeError as e:
             raise ReportError(f"{source}: not valid JSON: {e.msg} at line {e.lineno} "
                               f"column {e.colno}") from None
+        except RecursionError:  # json's decoder recurses once per level of [ or {
+            raise ReportError(f"{source}: JSON too deeply nested to read (Python's recursion "
+                              "limit); a report is a few levels deep") from None
         try:
             return cls.from_json(data)
         except ValueError as e:
