@@ -426,3 +426,13 @@ def test_torchao_fp8_quantize_is_bit_identical_to_fp8_quantize(gen):
                                                           scale_formula=spec.scale_formula, power_of_2=spec.power_of_2)
             assert torch.equal(got.codes, want.codes)
             assert torch.equal(got.scale_inv.view(torch.int32), want.scale_inv.view(torch.int32))
+
+
+@pytest.mark.emulated
+@pytest.mark.parametrize(("m", "n", "k", "bad"), [(40, 64, 128, "M=40"), (200, 64, 128, "M=200"),
+                                                  (32, 40, 128, "N=40"), (32, 64, 72, "K=72")])
+def test_te_refuses_fp8_dims_cublaslt_cannot_take_naming_the_dim(m, n, k, bad):
+    # On the H200, TE 2.20.2 raised RuntimeError "lda % 16 == 0 ... Caller must pad" at M=40
+    # and M=200 (references/baselines/h200/transformer_engine_conformance_fp32inputs.json).
+    with pytest.raises(ValueError, match=rf"multiples of 16 .*{bad}"):
+        TransformerEngineBackend().linear(torch.randn(m, k), torch.randn(n, k), None, "fp8")

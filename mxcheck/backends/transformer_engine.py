@@ -46,6 +46,7 @@ from mxcheck.recipes import OPERANDS, RECIPES, Recipe, get_recipe
 __all__ = ["TransformerEngineBackend", "te_recipe_args"]
 
 SM100 = (10, 0)
+TE_FP8_DIM_MULTIPLE = 16
 _DELAYED_HISTORY, _DELAYED_ALGO = 1024, "max"
 # Recipe fields whose defaults come from NVTE_* variables, pinned to what mxcheck models.
 _PINNED: dict[str, Any] = {
@@ -197,6 +198,15 @@ class TransformerEngineBackend:
         n, k = weight.shape
         if x.shape[-1] != k:
             raise ValueError(f"x has K={x.shape[-1]} but weight is {tuple(weight.shape)} ([N, K])")
+        m = x.numel() // k if k else 0
+        # cuBLASLt FP8 GEMMs need every leading dimension a multiple of 16 bytes: K (fprop),
+        # N (dgrad) and M, the wgrad contraction (TE 2.20 raises "lda % 16 == 0 ... Caller must
+        # pad" from cublaslt_gemm.cu::CanonicalizeGemmInput, seen on an H200 at M=40 and M=200).
+        bad = [f"{d}={v}" for d, v in (("M", m), ("N", n), ("K", k)) if v % TE_FP8_DIM_MULTIPLE]
+        if bad:
+            raise ValueError(f"transformer_engine FP8 GEMMs need M, N and K multiples of {TE_FP8_DIM_MULTIPLE} "
+                             f"(cuBLASLt leading dimensions); got {', '.join(bad)} (M={m} N={n} K={k}): pad "
+                             "the tokens or the layer")
         module, autocast = self._module(k, n, bias is not None, r, x.device)
         y = _Bridge.apply(x.reshape(-1, k), weight, bias, module, autocast, r.out_dtype)
         return y.reshape(*x.shape[:-1], n)
