@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from mxcheck.backends import import_vendor
 from mxcheck.formats import get_format
 from mxcheck.recipes import OPERANDS, OperandSpec, Recipe, get_recipe
 from mxcheck.scaling.mx import MXTensor
@@ -62,11 +63,8 @@ class TorchaoBackend:
     name = "torchao"
 
     def available(self) -> tuple[bool, str]:
-        try:
-            import torchao.prototype.mx_formats.mx_tensor  # noqa: F401, PLC0415
-        except Exception as e:  # a vendor package may raise anything at import
-            return False, f"torchao.prototype.mx_formats not importable ({type(e).__name__}: {e})"
-        return True, ""
+        why = import_vendor("torchao.prototype.mx_formats.mx_tensor")
+        return why is None, why or ""
 
     def supports(self, recipe: Recipe | str) -> tuple[bool, str]:
         """Every operand 1x32 MX with a scale rule torchao has, RNE, no rotation, zero_scale 0."""
