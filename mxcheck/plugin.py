@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -22,11 +23,12 @@ from mxcheck import hardware
 from mxcheck.cli import add_max_drop_option
 from mxcheck.report import Record, Report, collect_environment, compare, format_comparison
 
-__all__ = ["COLLECTOR", "RECORD_KEY", "Collector", "add_options"]
+__all__ = ["COLLECTOR", "RECORD_KEY", "REQUIRE_DEPS_ENV", "Collector", "add_options", "needs"]
 
 COLLECTOR = pytest.StashKey["Collector"]()
 RECORD_KEY = "mxcheck_record"
 PARAMS_KEY = "mxcheck_params"  # [backend, recipe] of a parametrized test
+REQUIRE_DEPS_ENV = "MXCHECK_REQUIRE_DEPS"  # "1": a missing declared test dependency fails
 
 
 # ------------------------------------------------------------------ options
@@ -67,8 +69,19 @@ def add_options(addoption: Callable[..., Any], prefix: str = "--mxcheck-") -> No
                    "whose recorded results differ between runs. Default: %(default)r")
 
 
+def _add_require_deps_option(addoption: Callable[..., Any]) -> None:
+    # pytest-only (not in add_options, which `mxcheck compare` reuses): it acts on collection.
+    addoption("--mxcheck-require-deps", action="store_true",
+              default=os.environ.get(REQUIRE_DEPS_ENV) == "1",
+              help="fail, instead of skip, a test or module whose declared test dependency "
+                   "(the [test] extra: ml_dtypes, torchao, gfloat, diffusers, matplotlib) is "
+                   f"missing; CI sets it. {REQUIRE_DEPS_ENV}=1 sets it too. Default: %(default)r")
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
-    add_options(parser.getgroup("mxcheck", "mxcheck numerics checks").addoption)
+    group = parser.getgroup("mxcheck", "mxcheck numerics checks")
+    add_options(group.addoption)
+    _add_require_deps_option(group.addoption)
 
 
 # ------------------------------------------------------------------ configure
@@ -80,8 +93,56 @@ def pytest_configure(config: pytest.Config) -> None:
     worker = getattr(config, "workerinput", {}).get("workerid")
     if worker:  # before any test touches the GPU: one device per xdist worker
         os.environ.update(hardware.pin_worker(worker, hardware.detect_without_init(), dict(os.environ)))
+    _export_require_deps(config)
     collector = config.stash[COLLECTOR] = Collector.from_config(config)
     config.pluginmanager.register(collector, "mxcheck-collector")
+
+
+def _export_require_deps(config: pytest.Config) -> None:
+    """Hand --mxcheck-require-deps to ``needs`` (which test modules call at import, with no
+    config at hand) through the environment, restored when this config ends."""
+    if not config.getoption("mxcheck_require_deps") or os.environ.get(REQUIRE_DEPS_ENV) == "1":
+        return
+    before = os.environ.get(REQUIRE_DEPS_ENV)
+    os.environ[REQUIRE_DEPS_ENV] = "1"
+    config.add_cleanup(lambda: os.environ.__setitem__(REQUIRE_DEPS_ENV, before) if before is not None
+                       else os.environ.pop(REQUIRE_DEPS_ENV, None))
+
+
+class needs:  # lower case: a context manager read as a phrase, like contextlib.suppress
+    """Wrap the imports of declared test dependencies (the ``[test]`` extra). One of
+    ``packages`` missing skips the test, or the whole module at module level, with a reason
+    naming it; under ``--mxcheck-require-deps`` (CI) it fails instead, so CI cannot go green
+    without it. Any other missing module is an error as usual::
+
+        with needs("gfloat", "ml_dtypes"):
+            import gfloat
+            from ml_dtypes import float8_e4m3fn
+    """
+
+    def __init__(self, *packages: str) -> None:
+        if not packages or not all(isinstance(p, str) and p and "." not in p for p in packages):
+            raise ValueError(f"needs{packages!r}: expected one or more top-level package names, "
+                             "such as needs('gfloat', 'ml_dtypes')")
+        self.packages = packages
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 tb: Any) -> bool:
+        __tracebackhide__ = True  # the skip or failure points at the import, not here
+        if not isinstance(error, ModuleNotFoundError):
+            return False
+        top = (error.name or "").partition(".")[0]
+        if top not in self.packages:
+            return False
+        reason = f"missing package {top} ({error}); pip install -e '.[test]'"
+        if os.environ.get(REQUIRE_DEPS_ENV) == "1":
+            raise pytest.fail.Exception(
+                f"{reason}. --mxcheck-require-deps ({REQUIRE_DEPS_ENV}=1): a declared test "
+                "dependency must be installed", pytrace=False) from None
+        raise pytest.skip.Exception(reason, allow_module_level=True) from None
 
 
 class Collector:
@@ -167,6 +228,12 @@ class Collector:
         if report.skipped and not hasattr(report, "wasxfail"):
             self.skipped.append({"test_id": report.nodeid, "reason": _skip_reason(report)})
 
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        # A module skipped at import (a missing package) has no test reports: list it too.
+        # Under xdist the controller gets each such skip once (xdist drops the other workers').
+        if report.skipped:
+            self.skipped.append({"test_id": report.nodeid, "reason": _skip_reason(report)})
+
     def report(self) -> Report:
         seed = self.config.getoption("mxcheck_seed")
         env = collect_environment(seed=seed, backends=[b.name for b in self.backends],
@@ -189,17 +256,28 @@ class Collector:
                 session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        if self.is_worker or not (self.records or self.comparison_text):
+        missing = missing_packages(s["reason"] for s in self.skipped)
+        if self.is_worker or not (self.records or self.comparison_text or missing):
             return
         failed = sum(not r.passed for r in self.records)
         tr = terminalreporter
         tr.section("mxcheck")
         tr.write_line(f"{len(self.records)} numeric checks, {failed} failed, "
                       f"{len(self.skipped)} tests skipped on this hardware")
+        if missing:
+            tr.write_line(f"missing packages (their tests skipped): {', '.join(missing)}")
         if self.config.getoption("mxcheck_report"):
             tr.write_line(f"report: {self.config.getoption('mxcheck_report')}")
         if self.comparison_text:
             tr.write_line(self.comparison_text)
+
+
+_NO_MODULE = re.compile(r"No module named '([^'.]+)")  # ModuleNotFoundError's own wording
+
+
+def missing_packages(reasons: Any) -> list[str]:
+    """The top-level packages that skip reasons say are not installed, sorted."""
+    return sorted({m.group(1) for reason in reasons for m in _NO_MODULE.finditer(reason)})
 
 
 def _crash_message(report: pytest.TestReport) -> str:
