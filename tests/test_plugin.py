@@ -9,7 +9,7 @@ import warnings
 import pytest
 
 from mxcheck import backends, hardware
-from mxcheck.plugin import needs
+from mxcheck.plugin import REQUIRE_DEPS_ENV, needs
 
 pytestmark = pytest.mark.emulated
 
@@ -498,7 +498,9 @@ def test_runs():
 
 
 @pytest.mark.parametrize("workers", [[], ["-n", "2", "-p", "xdist"]], ids=["serial", "xdist"])
-def test_a_missing_test_dependency_skips_naming_it_and_is_listed(pytester, cpu_only, workers):
+def test_a_missing_test_dependency_skips_naming_it_and_is_listed(pytester, cpu_only, monkeypatch,
+                                                                  workers):
+    monkeypatch.delenv(REQUIRE_DEPS_ENV, raising=False)  # set when this run itself is strict
     pytester.makepyfile(test_module=NEEDS_ABSENT, test_inside=NEEDS_IN_A_TEST)
     path = pytester.path / "r.json"
     result = pytester.runpytest(*workers, "--mxcheck-report", str(path), "-rs")
@@ -518,8 +520,9 @@ def test_a_missing_test_dependency_skips_naming_it_and_is_listed(pytester, cpu_o
 @pytest.mark.parametrize("how", ["option", "env"])
 def test_require_deps_fails_where_a_test_dependency_is_missing(pytester, cpu_only, monkeypatch, how):
     pytester.makepyfile(test_module=NEEDS_ABSENT, test_inside=NEEDS_IN_A_TEST)
+    monkeypatch.delenv(REQUIRE_DEPS_ENV, raising=False)  # set when this run itself is strict
     if how == "env":
-        monkeypatch.setenv("MXCHECK_REQUIRE_DEPS", "1")
+        monkeypatch.setenv(REQUIRE_DEPS_ENV, "1")
     result = pytester.runpytest_subprocess(*(["--mxcheck-require-deps"] if how == "option" else []),
                                            "--continue-on-collection-errors")
     result.assert_outcomes(passed=1, failed=2, errors=1)
