@@ -12,7 +12,7 @@ import argparse
 import hashlib
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import pytest
@@ -101,12 +101,10 @@ def pytest_configure(config: pytest.Config) -> None:
 def _export_require_deps(config: pytest.Config) -> None:
     """Hand --mxcheck-require-deps to ``needs`` (which test modules call at import, with no
     config at hand) through the environment, restored when this config ends."""
-    if not config.getoption("mxcheck_require_deps") or os.environ.get(REQUIRE_DEPS_ENV) == "1":
-        return
-    before = os.environ.get(REQUIRE_DEPS_ENV)
-    os.environ[REQUIRE_DEPS_ENV] = "1"
-    config.add_cleanup(lambda: os.environ.__setitem__(REQUIRE_DEPS_ENV, before) if before is not None
-                       else os.environ.pop(REQUIRE_DEPS_ENV, None))
+    if config.getoption("mxcheck_require_deps"):
+        env = pytest.MonkeyPatch()
+        env.setenv(REQUIRE_DEPS_ENV, "1")
+        config.add_cleanup(env.undo)
 
 
 class needs:  # lower case: a context manager read as a phrase, like contextlib.suppress
@@ -256,7 +254,7 @@ class Collector:
                 session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        missing = missing_packages(s["reason"] for s in self.skipped)
+        missing = _missing_packages(s["reason"] for s in self.skipped)
         if self.is_worker or not (self.records or self.comparison_text or missing):
             return
         failed = sum(not r.passed for r in self.records)
@@ -275,7 +273,7 @@ class Collector:
 _NO_MODULE = re.compile(r"No module named '([^'.]+)")  # ModuleNotFoundError's own wording
 
 
-def missing_packages(reasons: Any) -> list[str]:
+def _missing_packages(reasons: Iterable[str]) -> list[str]:
     """The top-level packages that skip reasons say are not installed, sorted."""
     return sorted({m.group(1) for reason in reasons for m in _NO_MODULE.finditer(reason)})
 
