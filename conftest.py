@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from types import ModuleType
+
 import pytest
 import torch
 from hypothesis import HealthCheck, settings
+
+from mxcheck.plugin import needs
 
 pytest_plugins = ["pytester"]
 
@@ -20,4 +24,13 @@ settings.load_profile("ci")
 def gen(mxcheck_generator: torch.Generator) -> torch.Generator:
     """The plugin's generator, seeded from --mxcheck-seed and the test id."""
     return mxcheck_generator
+
+
+@pytest.fixture
+def matplotlib() -> ModuleType:
+    """matplotlib, for a test that reads back the report's plots: without it the test skips
+    naming it (fails under --mxcheck-require-deps); the pages themselves render without."""
+    with needs("matplotlib"):
+        import matplotlib  # noqa: PLC0415  (only tests that read plots back load it)
+    return matplotlib
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ from mxcheck.report import (
     format_comparison,
 )
 
-__all__ = ["COLLECTOR", "RECORD_KEY", "WITNESS_DRIFT", "Collector", "add_options"]
+__all__ = ["COLLECTOR", "RECORD_KEY", "REQUIRE_DEPS_ENV", "WITNESS_DRIFT", "Collector", "add_options", "needs"]
 
 COLLECTOR = pytest.StashKey["Collector"]()
 RECORD_KEY = "mxcheck_record"
@@ -38,6 +39,7 @@ PARAMS_KEY = "mxcheck_params"  # [backend, recipe] of a parametrized test
 # An xfail whose reason starts so is a witness library (ml_dtypes, torch, gfloat, torchao)
 # newer than the versions a test pinned, answering differently: counted in the report.
 WITNESS_DRIFT = "witness drift:"
+REQUIRE_DEPS_ENV = "MXCHECK_REQUIRE_DEPS"  # "1": a missing declared test dependency fails
 
 
 # ------------------------------------------------------------------ options
@@ -78,8 +80,19 @@ def add_options(addoption: Callable[..., Any], prefix: str = "--mxcheck-") -> No
                    "whose recorded results differ between runs. Default: %(default)r")
 
 
+def _add_require_deps_option(addoption: Callable[..., Any]) -> None:
+    # pytest-only (not in add_options, which `mxcheck compare` reuses): it acts on collection.
+    addoption("--mxcheck-require-deps", action="store_true",
+              default=os.environ.get(REQUIRE_DEPS_ENV) == "1",
+              help="fail, instead of skip, a test or module whose declared test dependency "
+                   "(the [test] extra: ml_dtypes, torchao, gfloat, diffusers, matplotlib) is "
+                   f"missing; CI sets it. {REQUIRE_DEPS_ENV}=1 sets it too. Default: %(default)r")
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
-    add_options(parser.getgroup("mxcheck", "mxcheck numerics checks").addoption)
+    group = parser.getgroup("mxcheck", "mxcheck numerics checks")
+    add_options(group.addoption)
+    _add_require_deps_option(group.addoption)
 
 
 # ------------------------------------------------------------------ configure
@@ -91,8 +104,54 @@ def pytest_configure(config: pytest.Config) -> None:
     worker = getattr(config, "workerinput", {}).get("workerid")
     if worker:  # before any test touches the GPU: one device per xdist worker
         os.environ.update(hardware.pin_worker(worker, hardware.detect_without_init(), dict(os.environ)))
+    _export_require_deps(config)
     collector = config.stash[COLLECTOR] = Collector.from_config(config)
     config.pluginmanager.register(collector, "mxcheck-collector")
+
+
+def _export_require_deps(config: pytest.Config) -> None:
+    """Hand --mxcheck-require-deps to ``needs`` (which test modules call at import, with no
+    config at hand) through the environment, restored when this config ends."""
+    if config.getoption("mxcheck_require_deps"):
+        env = pytest.MonkeyPatch()
+        env.setenv(REQUIRE_DEPS_ENV, "1")
+        config.add_cleanup(env.undo)
+
+
+class needs:  # lower case: a context manager read as a phrase, like contextlib.suppress
+    """Wrap the imports of declared test dependencies (the ``[test]`` extra). One of
+    ``packages`` missing skips the test, or the whole module at module level, with a reason
+    naming it; under ``--mxcheck-require-deps`` (CI) it fails instead, so CI cannot go green
+    without it. Any other missing module is an error as usual::
+
+        with needs("gfloat", "ml_dtypes"):
+            import gfloat
+            from ml_dtypes import float8_e4m3fn
+    """
+
+    def __init__(self, *packages: str) -> None:
+        if not packages or not all(isinstance(p, str) and p and "." not in p for p in packages):
+            raise ValueError(f"needs{packages!r}: expected one or more top-level package names, "
+                             "such as needs('gfloat', 'ml_dtypes')")
+        self.packages = packages
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 tb: Any) -> bool:
+        __tracebackhide__ = True  # the skip or failure points at the import, not here
+        if not isinstance(error, ModuleNotFoundError):
+            return False
+        top = (error.name or "").partition(".")[0]
+        if top not in self.packages:
+            return False
+        reason = f"missing package {top} ({error}); pip install -e '.[test]'"
+        if os.environ.get(REQUIRE_DEPS_ENV) == "1":
+            raise pytest.fail.Exception(
+                f"{reason}. --mxcheck-require-deps ({REQUIRE_DEPS_ENV}=1): a declared test "
+                "dependency must be installed", pytrace=False) from None
+        raise pytest.skip.Exception(reason, allow_module_level=True) from None
 
 
 class Collector:
@@ -186,6 +245,12 @@ class Collector:
         if str(getattr(report, "wasxfail", "")).startswith(WITNESS_DRIFT):
             self.witness_drifts.append({"test_id": report.nodeid, "reason": report.wasxfail})
 
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        # A module skipped at import (a missing package) has no test reports: list it too.
+        # Under xdist the controller gets each such skip once (xdist drops the other workers').
+        if report.skipped:
+            self.skipped.append({"test_id": report.nodeid, "reason": _skip_reason(report)})
+
     def report(self) -> Report:
         seed = self.config.getoption("mxcheck_seed")
         env = collect_environment(seed=seed, backends=[b.name for b in self.backends],
@@ -208,7 +273,8 @@ class Collector:
                 session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        if self.is_worker or not (self.records or self.comparison_text or self.witness_drifts):
+        missing = _missing_packages(s["reason"] for s in self.skipped)
+        if self.is_worker or not (self.records or self.comparison_text or self.witness_drifts or missing):
             return
         failed = sum(not r.passed for r in self.records)
         tr = terminalreporter
@@ -218,6 +284,8 @@ class Collector:
                       f"{len(self.witness_drifts)} witness drifts")
         for d in sorted(self.witness_drifts, key=lambda d: d["test_id"]):
             tr.write_line(f"{d['test_id']}: {d['reason']}")
+        if missing:
+            tr.write_line(f"missing packages (their tests skipped): {', '.join(missing)}")
         if self.config.getoption("mxcheck_report"):
             tr.write_line(f"report: {self.config.getoption('mxcheck_report')}")
         if self.comparison_text:
@@ -252,6 +320,14 @@ def _load_baseline(path: str | None) -> Report | None:
         return Report.load(path)
     except ReportError as e:  # says "<path>: cannot read report: ..." or what is invalid
         raise pytest.UsageError(f"--mxcheck-baseline: {e}") from None
+
+
+_NO_MODULE = re.compile(r"No module named '([^'.]+)")  # ModuleNotFoundError's own wording
+
+
+def _missing_packages(reasons: Iterable[str]) -> list[str]:
+    """The top-level packages that skip reasons say are not installed, sorted."""
+    return sorted({m.group(1) for reason in reasons for m in _NO_MODULE.finditer(reason)})
 
 
 def _crash_message(report: pytest.TestReport) -> str:

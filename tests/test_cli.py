@@ -223,6 +223,7 @@ def test_formats_table_shows_values_exactly(capsys: pytest.CaptureFixture[str]) 
 # ---- report -------------------------------------------------------------------------
 
 
+@pytest.mark.usefixtures("matplotlib")
 def test_report_writes_markdown_and_html_files(capsys: pytest.CaptureFixture[str],
                                                tmp_path: Path) -> None:
     md, html = tmp_path / "r.md", tmp_path / "r.html"

@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import math
 
-import ml_dtypes
 import numpy as np
 import pytest
 import torch
 
+from mxcheck.plugin import needs
 from mxcheck.scaling.fp8 import DelayedScaling
+
+with needs("ml_dtypes"):
+    import ml_dtypes
 
 pytestmark = pytest.mark.emulated
 

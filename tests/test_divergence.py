@@ -11,7 +11,6 @@ import re
 from dataclasses import fields
 from pathlib import Path
 
-import ml_dtypes
 import numpy as np
 import pytest
 import torch
@@ -19,10 +18,14 @@ import torch
 from mxcheck import divergence as div
 from mxcheck.cli import build_parser, main
 from mxcheck.formats import encode, get_format
+from mxcheck.plugin import needs
 from mxcheck.profiles import PROFILES, Profile, get_profile
 from mxcheck.scaling.blocks import block_amax
 from mxcheck.scaling.mx import mx_quantize
 from tests._witness import Witnesses
+
+with needs("ml_dtypes"):
+    import ml_dtypes
 
 pytestmark = pytest.mark.emulated
 
@@ -219,8 +222,8 @@ def test_case8_even_rule_at_flt_max_carries_into_the_inf_field():
     even, floor = mx_quantize(x, "e4m3", scale_rule="even"), mx_quantize(x, "e4m3", scale_rule="floor")
     assert (even.scales.item(), even.codes[0, 0].item()) == (247, 0x78)
     assert (floor.scales.item(), floor.codes[0, 0].item()) == (246, 0x7E)
-    mx_tensor = pytest.importorskip("torchao.prototype.mx_formats.mx_tensor")
-    config = pytest.importorskip("torchao.prototype.mx_formats.config")
+    with needs("torchao"):
+        from torchao.prototype.mx_formats import config, mx_tensor
     scale, data = mx_tensor.to_mx(x, torch.float8_e4m3fn, 32, config.ScaleCalculationMode.EVEN)
     w = Witnesses()
     w.expect("torchao", (scale.view(torch.uint8).item(), data.view(torch.uint8)[0, 0].item()), (247, 0x78),
@@ -252,8 +255,9 @@ def test_case13_fp4_fp6_overflow_and_inf_saturate(fmt, top):
     ml = {"e2m1": ml_dtypes.float4_e2m1fn, "e2m3": ml_dtypes.float6_e2m3fn, "e3m2": ml_dtypes.float6_e3m2fn}[fmt]
     w = Witnesses()
     w.expect("ml_dtypes", x.numpy().astype(ml).view(np.uint8).tolist(), tuple(expected), f"the {fmt} casts of 1e30, +-inf")
-    gfloat = pytest.importorskip("gfloat")
-    formats = pytest.importorskip("gfloat.formats")
+    with needs("gfloat"):
+        import gfloat
+        from gfloat import formats
     info = getattr(formats, f"format_info_ocp_{fmt}")
     try:
         outcome = repr(gfloat.round_float(info, 1e30, gfloat.RoundMode.TiesToEven, False))

@@ -8,7 +8,6 @@ import math
 
 import pytest
 import torch
-from diffusers import FluxTransformer2DModel
 
 from mxcheck.flux.config import FLUX_TINY, FluxConfig
 from mxcheck.flux.diffusers_map import (
@@ -19,6 +18,10 @@ from mxcheck.flux.diffusers_map import (
 )
 from mxcheck.flux.inputs import make_inputs
 from mxcheck.flux.model import Flux
+from mxcheck.plugin import needs
+
+with needs("diffusers"):
+    from diffusers import FluxTransformer2DModel
 
 pytestmark = pytest.mark.emulated
 

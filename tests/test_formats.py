@@ -19,30 +19,33 @@ import functools
 import math
 import re
 
-import gfloat
-import ml_dtypes
 import numpy as np
 import pytest
 import torch
-from gfloat.formats import (
-    format_info_bfloat16,
-    format_info_binary16,
-    format_info_ocp_e2m1,
-    format_info_ocp_e2m3,
-    format_info_ocp_e3m2,
-    format_info_ocp_e4m3,
-    format_info_ocp_e5m2,
-    format_info_ocp_e8m0,
-    format_info_p3109,
-)
-from gfloat.types import Domain, FormatInfo, RoundMode, Signedness
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import mxcheck
 from mxcheck.formats import FORMATS, decode, encode, get_format
+from mxcheck.plugin import needs
 from mxcheck.reference import decode_scalar, encode_scalar
 from tests._witness import Witnesses
+
+with needs("gfloat", "ml_dtypes"):
+    import gfloat
+    import ml_dtypes
+    from gfloat.formats import (
+        format_info_bfloat16,
+        format_info_binary16,
+        format_info_ocp_e2m1,
+        format_info_ocp_e2m3,
+        format_info_ocp_e3m2,
+        format_info_ocp_e4m3,
+        format_info_ocp_e5m2,
+        format_info_ocp_e8m0,
+        format_info_p3109,
+    )
+    from gfloat.types import Domain, FormatInfo, RoundMode, Signedness
 
 pytestmark = pytest.mark.emulated
 

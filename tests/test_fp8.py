@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import math
 
-import ml_dtypes
 import numpy as np
 import pytest
 import torch
 
 import mxcheck
+from mxcheck.plugin import needs
 from mxcheck.scaling.fp8 import FP8_FORMATS, fp8_quantize
 from mxcheck.thresholds import quantize_floor
+
+with needs("ml_dtypes"):
+    import ml_dtypes
 
 pytestmark = pytest.mark.emulated
 
@@ -216,7 +219,9 @@ def test_blockwise_inf_scale_becomes_the_input_dtype_max():
 
 
 def torchao_float8_utils():
-    return pytest.importorskip("torchao.float8.float8_utils")
+    with needs("torchao"):
+        from torchao.float8 import float8_utils
+    return float8_utils
 
 
 def amax_rows(amaxes: torch.Tensor) -> torch.Tensor:

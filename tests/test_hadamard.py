@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 
-import ml_dtypes
 import numpy as np
 import pytest
 import torch
@@ -13,6 +12,10 @@ from hypothesis import strategies as st
 
 from mxcheck.formats import encode
 from mxcheck.hadamard import HADAMARDS, Hadamard, apply_hadamard, get_hadamard, hadamard_matrix
+from mxcheck.plugin import needs
+
+with needs("ml_dtypes"):
+    import ml_dtypes
 
 pytestmark = pytest.mark.emulated
 

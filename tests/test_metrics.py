@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import math
 
-import ml_dtypes
 import numpy as np
 import pytest
 import torch
@@ -22,6 +21,10 @@ from mxcheck.metrics import (
     snr_db,
     ulp_distance,
 )
+from mxcheck.plugin import needs
+
+with needs("ml_dtypes"):
+    import ml_dtypes
 
 pytestmark = pytest.mark.emulated
 

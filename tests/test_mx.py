@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import mxcheck
+from mxcheck.plugin import needs
 from mxcheck.scaling.mx import MX_ELEMENT_FORMATS, mx_quantize
 from mxcheck.thresholds import quantize_floor
 
@@ -72,8 +73,8 @@ _TORCHAO_DTYPE = {"e2m1": "float4_e2m1fn_x2", "e2m3": "fp6_e2m3", "e3m2": "fp6_e
 
 def torchao_to_mx(x: torch.Tensor, fmt: str, rule: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(scale bytes, one code per element, raw data bytes) from torchao's to_mx."""
-    mx_tensor = pytest.importorskip("torchao.prototype.mx_formats.mx_tensor")
-    config = pytest.importorskip("torchao.prototype.mx_formats.config")
+    with needs("torchao"):
+        from torchao.prototype.mx_formats import config, mx_tensor
     name = _TORCHAO_DTYPE[fmt]
     elem_dtype = getattr(torch, name, name)
     scale, data = mx_tensor.to_mx(x, elem_dtype, 32, config.ScaleCalculationMode(rule))
@@ -180,8 +181,9 @@ def _first_diff(a: torch.Tensor, b: torch.Tensor, what: str) -> str:
 
 @pytest.mark.parametrize("fmt", OCP_ELEMENTS)
 def test_floor_rule_matches_gfloat_float64_blocks(fmt, gen):
-    gfloat = pytest.importorskip("gfloat")
-    gformats = pytest.importorskip("gfloat.formats")
+    with needs("gfloat"):
+        import gfloat
+        from gfloat import formats as gformats
     info = getattr(gformats, f"format_info_mxfp{ {'e2m1': '4', 'e2m3': '6', 'e3m2': '6'}.get(fmt, '8') }_{fmt}")
     x = varied_blocks(gen)[:200]
     q = mx_quantize(x, fmt, scale_rule="floor")

@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import math
 
-import ml_dtypes
 import numpy as np
 import pytest
 import torch
 
 import mxcheck
 from mxcheck.hadamard import Hadamard, apply_hadamard
+from mxcheck.plugin import needs
 from mxcheck.scaling.nvfp4 import nvfp4_quantize
 from mxcheck.thresholds import quantize_floor
+
+with needs("ml_dtypes"):
+    import ml_dtypes
 
 pytestmark = pytest.mark.emulated
 
@@ -143,8 +146,9 @@ def test_scale_covers_ue4m3_subnormal_and_zero_codes(gen):
 def torchao_nvfp4(x: torch.Tensor):
     """(scale codes, unpacked element codes) from torchao's two-level nvfp4_quantize, the
     per-tensor scale computed as torchao does (per_tensor_amax_to_scale)."""
-    nv = pytest.importorskip("torchao.prototype.mx_formats.nvfp4_tensor")
-    kernels = pytest.importorskip("torchao.prototype.mx_formats.kernels")
+    with needs("torchao"):
+        from torchao.prototype.mx_formats import kernels
+        from torchao.prototype.mx_formats import nvfp4_tensor as nv
     pts = nv.per_tensor_amax_to_scale(torch.max(torch.abs(x)))
     scales, packed = nv.nvfp4_quantize(x, block_size=16, per_tensor_scale=pts)
     return scales.view(torch.uint8), kernels.unpack_uint4(packed.contiguous())
@@ -336,8 +340,9 @@ def test_hadamard_h16_te_matches_te_reference_rht_on_bf16(gen):
 def test_sr_matches_gfloat_stochastic_fastest_8_bits(gen):
     # TE's SR fallback (util/ptx.cuh stochastic_round_fp4_e2m1) == gfloat StochasticFastest
     # with srnumbits=8 (reference_emulators.md section 3); scaled values from the reference.
-    gfloat = pytest.importorskip("gfloat")
-    from gfloat.formats import format_info_ocp_e2m1
+    with needs("gfloat"):
+        import gfloat
+        from gfloat.formats import format_info_ocp_e2m1
 
     x = blocks_at_magnitudes(gen, 16, 128, -6, 0)
     rand = torch.randint(0, 256, x.shape, generator=gen, dtype=torch.uint8)

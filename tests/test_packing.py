@@ -17,6 +17,7 @@ from mxcheck.packing import (
     unpack_fp4,
     unpack_fp6,
 )
+from mxcheck.plugin import needs
 
 pytestmark = pytest.mark.emulated
 
@@ -49,7 +50,8 @@ def test_fp4_pack_matches_torchao_pinned_example():
 
 
 def test_fp4_pack_is_byte_identical_to_torchao_pack_uint4(gen):
-    from torchao.prototype.mx_formats.kernels import pack_uint4, unpack_uint4
+    with needs("torchao"):
+        from torchao.prototype.mx_formats.kernels import pack_uint4, unpack_uint4
 
     codes = random_codes(gen, 4, 6, 64)
     packed = pack_fp4(codes)
@@ -62,7 +64,8 @@ def test_fp4_pack_is_byte_identical_to_torchao_to_mx_float4_e2m1fn_x2(gen):
     # as torch.float4_e2m1fn_x2 for _scaled_mm. PyTorch's dtype is a bit container without
     # casts ("val1 : val0 - bits 7654 : 3210", torch/headeronly/util/Float4_e2m1fn_x2.h),
     # so a torch-side producer is only its test helper, which needs expecttest.
-    from torchao.prototype.mx_formats.mx_tensor import to_mx
+    with needs("torchao"):
+        from torchao.prototype.mx_formats.mx_tensor import to_mx
 
     x = (torch.randn(4, 64, generator=gen) * 3).clamp(-6.0, 6.0)
     x[..., ::32] = 6.0  # every block's amax is 6, so torchao's FLOOR scale is 2^0 (byte 127)

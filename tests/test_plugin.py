@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import sys
+import warnings
 
 import pytest
 
-from mxcheck import hardware
+from mxcheck import backends, hardware
+from mxcheck.plugin import REQUIRE_DEPS_ENV, needs
 
 pytestmark = pytest.mark.emulated
 
@@ -297,3 +300,275 @@ def test_a_witness_drift_xfail_is_counted_and_reported(pytester, cpu_only, worke
         "reason": "witness drift: ml_dtypes 0.8.0 gives 0x00 for the e8m0 cast of 1.25*2^-127; "
                   "pinned 0x01 for ml_dtypes>=0.7 (observed on 0.6.0, 0.7.0)"}]
     assert data["skipped"] == [] and data["records"] == []
+
+
+# ---- foreign warnings and optional packages ------------------------------------------------
+# These runs take the warning filters this repository runs with (pyproject.toml), so they
+# check the filters as configured, and contrast them with the bare "error" they replaced.
+
+OLD_FILTERS = ["error"]
+
+
+def use_filters(pytester: pytest.Pytester, filters: list[str]) -> None:
+    pytester.makeini("[pytest]\nfilterwarnings =\n" + "".join(f"    {f}\n" for f in filters))
+
+
+@pytest.fixture
+def our_filters(request: pytest.FixtureRequest) -> list[str]:
+    filters = list(request.config.getini("filterwarnings"))
+    assert "error" not in filters, filters  # a bare "error" escalates every package's warnings
+    return filters
+
+
+NOISY_PLUGIN = """
+import warnings
+
+import pytest
+
+
+class NoisyWarning(pytest.PytestWarning):
+    pass
+
+
+def pytest_configure(config):
+    # pytest-benchmark 5.1 under xdist: a plain warnings.warn from its configure hook.
+    warnings.warn(NoisyWarning("benchmarks are disabled under xdist"))
+
+
+def pytest_unconfigure(config):
+    # pytest-benchmark 5.3 says it again at unconfigure.
+    warnings.warn(NoisyWarning("benchmarks were disabled under xdist"))
+"""
+
+
+@pytest.mark.parametrize("ours", [True, False], ids=["our-filters", "bare-error"])
+def test_a_plugin_that_warns_at_configure_does_not_break_the_run(pytester, cpu_only, our_filters,
+                                                                 ours):
+    use_filters(pytester, our_filters if ours else OLD_FILTERS)
+    pytester.makepyfile(noisy=NOISY_PLUGIN, test_it="def test_runs(): pass\n")
+    result = pytester.runpytest_subprocess("-p", "noisy")  # its stderr: where the notice goes
+    if ours:
+        result.assert_outcomes(passed=1)
+        assert "NoisyWarning: benchmarks are disabled under xdist" in result.stderr.str()
+    else:  # what a stock NVIDIA image with pytest-benchmark got: no test ran at all
+        assert result.ret != pytest.ExitCode.OK and "collected" not in result.stdout.str()
+        result.stderr.fnmatch_lines(["INTERNALERROR> *NoisyWarning: benchmarks are disabled*"])
+
+
+THIRD_PARTY = """
+import warnings
+
+warnings.warn("thirdparty: import-time notice", DeprecationWarning)
+
+
+def old_api():
+    # As torch.jit.script_method on torch 2.11: attributed to the library itself.
+    warnings.warn("old_api is deprecated", DeprecationWarning)
+    return 1
+
+
+def old_argument():
+    # The usual deprecation idiom: attributed to the caller's line.
+    warnings.warn("pass new= instead", DeprecationWarning, stacklevel=2)
+    return 2
+
+
+def notice():
+    warnings.warn("found JAX without its extension", RuntimeWarning)
+    return 3
+"""
+
+USES_THIRD_PARTY = """
+import types
+import warnings
+
+import thirdparty
+
+
+def test_third_party_deprecations():
+    assert thirdparty.old_api() + thirdparty.old_argument() == 3
+
+
+def test_third_party_runtime_warning():
+    assert thirdparty.notice() == 3
+
+
+def test_a_warning_from_the_tests_fails():
+    warnings.warn("the test's own warning", UserWarning)
+
+
+def test_a_warning_from_mxcheck_code_fails():
+    # A stand-in for a function of mxcheck: a warning is attributed by its module's name.
+    code = types.ModuleType("mxcheck._stand_in")
+    exec("import warnings\\ndef f():\\n    warnings.warn('mxcheck says so', RuntimeWarning)\\n",
+         vars(code))
+    code.f()
+"""
+
+
+def test_third_party_warnings_are_shown_and_ours_fail(pytester, cpu_only, our_filters):
+    use_filters(pytester, our_filters)
+    pytester.makepyfile(thirdparty=THIRD_PARTY)
+    pytester.mkpydir("tests")  # as in this repository: test modules are tests.test_*
+    (pytester.path / "tests" / "test_uses.py").write_text(USES_THIRD_PARTY)
+    pytester.syspathinsert()
+    result = pytester.runpytest_subprocess("-rA")
+    result.assert_outcomes(passed=2, failed=2)
+    result.stdout.fnmatch_lines([
+        "*_ test_a_warning_from_the_tests_fails _*", "E * UserWarning: the test's own warning",
+        "*_ test_a_warning_from_mxcheck_code_fails _*", "E * RuntimeWarning: mxcheck says so",
+        "*warnings summary*", "*DeprecationWarning: thirdparty: import-time notice",
+        "*DeprecationWarning: old_api is deprecated", "*DeprecationWarning: pass new= instead",
+        "*RuntimeWarning: found JAX without its extension",
+        "PASSED tests/test_uses.py::test_third_party_deprecations",
+        "PASSED tests/test_uses.py::test_third_party_runtime_warning",
+    ])
+
+
+def test_pytest_benchmark_under_xdist_does_not_break_the_run(pytester, cpu_only, our_filters):
+    # pytest-benchmark before 5.3 warns "disabled under xdist" from its configure hook
+    # whenever xdist runs (5.3 only at unconfigure of a worker that ran a benchmark): under a
+    # bare "error" filter that was an INTERNALERROR before any test ran.
+    pytest.importorskip("pytest_benchmark", reason="pytest-benchmark is not installed here (the "
+                        "stock NVIDIA runner image has it): nothing to check")
+    use_filters(pytester, our_filters)
+    pytester.makepyfile("import pytest\n\n@pytest.mark.parametrize('i', [1, 2])\n"
+                        "def test_runs(i):\n    pass\n")
+    result = pytester.runpytest_subprocess("-n", "2", "-p", "xdist", "-p", "pytest_benchmark")
+    result.assert_outcomes(passed=2)
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+
+
+@pytest.fixture
+def fake_package(tmp_path, monkeypatch):
+    """Make a package importable from tmp_path in place of any real one of that name."""
+    made = []
+
+    def make(name: str, files: dict[str, str]) -> None:
+        for rel, text in files.items():
+            path = tmp_path / name / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+        for key in [k for k in sys.modules if k.split(".")[0] == name]:
+            monkeypatch.delitem(sys.modules, key)  # a real one comes back afterwards
+        monkeypatch.syspath_prepend(str(tmp_path))
+        made.append(name)
+
+    yield make
+    for key in [k for k in sys.modules if k.split(".")[0] in made]:
+        del sys.modules[key]
+
+
+# TransformerEngine 2.x on an image that also has JAX (transformer_engine/common/__init__.py).
+TE_JAX_NOTICE = ("Detected a Jax installation but could not find the shared object file for "
+                 "the Transformer Engine Jax extension library.")
+
+
+@pytest.mark.parametrize("stacklevel", [1, 2], ids=["from-vendor", "from-importer"])
+@pytest.mark.parametrize(("name", "package", "fake_hw"), [
+    ("transformer_engine", "transformer_engine", "sm90"),
+    ("aiter", "aiter", "gfx950"),
+    ("primus_turbo", "primus_turbo", "gfx950"),
+])
+def test_a_vendor_that_warns_at_import_is_available(fake_package, monkeypatch, name, package,
+                                                    fake_hw, stacklevel):
+    fake_package(package, {
+        "__init__.py": f"import warnings\nwarnings.warn({TE_JAX_NOTICE!r}, RuntimeWarning, "
+                       f"stacklevel={stacklevel})\n",
+        "pytorch/__init__.py": "",  # what the TransformerEngine adapter imports
+    })
+    monkeypatch.setenv(hardware.FAKE_HARDWARE_ENV, fake_hw)
+    with pytest.warns(RuntimeWarning, match="Detected a Jax installation"):  # shown, not hidden
+        warnings.simplefilter("error")  # as under `filterwarnings = error` or `python -W error`
+        got = backends.get(name).available()
+    assert got == (True, "")
+
+
+def test_a_vendor_that_raises_at_import_is_unavailable_naming_the_error(fake_package, monkeypatch):
+    fake_package("transformer_engine", {
+        "__init__.py": "raise RuntimeError('libtransformer_engine.so: cannot open shared object')\n",
+    })
+    monkeypatch.setenv(hardware.FAKE_HARDWARE_ENV, "sm90")
+    assert backends.get("transformer_engine").available() == (
+        False, "transformer_engine.pytorch not importable (RuntimeError: "
+               "libtransformer_engine.so: cannot open shared object)")
+
+
+NEEDS_ABSENT = """
+import pytest
+
+from mxcheck.plugin import needs
+
+with needs("mxcheck_absent_witness"):
+    import mxcheck_absent_witness
+
+
+def test_compares_with_the_witness():
+    assert mxcheck_absent_witness
+"""
+
+NEEDS_IN_A_TEST = """
+import pytest
+
+from mxcheck.plugin import needs
+
+
+def test_needs_it_inside():
+    with needs("mxcheck_absent_plots"):
+        from mxcheck_absent_plots import figure
+
+
+def test_a_broken_dependency_is_not_a_skip():
+    with needs("json"):  # json is here; what it would import is not one of the names given
+        import mxcheck_absent_helper
+
+
+def test_runs():
+    pass
+"""
+
+
+@pytest.mark.parametrize("workers", [[], ["-n", "2", "-p", "xdist"]], ids=["serial", "xdist"])
+def test_a_missing_test_dependency_skips_naming_it_and_is_listed(pytester, cpu_only, monkeypatch,
+                                                                  workers):
+    monkeypatch.delenv(REQUIRE_DEPS_ENV, raising=False)  # set when this run itself is strict
+    pytester.makepyfile(test_module=NEEDS_ABSENT, test_inside=NEEDS_IN_A_TEST)
+    path = pytester.path / "r.json"
+    result = pytester.runpytest(*workers, "--mxcheck-report", str(path), "-rs")
+    result.assert_outcomes(passed=1, failed=1, skipped=2)
+    result.stdout.fnmatch_lines([
+        "*ModuleNotFoundError: No module named 'mxcheck_absent_helper'",
+        "missing packages (their tests skipped): mxcheck_absent_plots, mxcheck_absent_witness",
+        "SKIPPED [[]1[]] test_module.py:5: missing package mxcheck_absent_witness (No module "
+        "named 'mxcheck_absent_witness'); pip install -e '.[[]test[]]'",
+    ])
+    skipped = json.loads(path.read_text())["skipped"]
+    assert [(s["test_id"], s["reason"].split(" (")[0]) for s in skipped] == [
+        ("test_inside.py::test_needs_it_inside", "missing package mxcheck_absent_plots"),
+        ("test_module.py", "missing package mxcheck_absent_witness")]
+
+
+@pytest.mark.parametrize("how", ["option", "env"])
+def test_require_deps_fails_where_a_test_dependency_is_missing(pytester, cpu_only, monkeypatch, how):
+    pytester.makepyfile(test_module=NEEDS_ABSENT, test_inside=NEEDS_IN_A_TEST)
+    monkeypatch.delenv(REQUIRE_DEPS_ENV, raising=False)  # set when this run itself is strict
+    if how == "env":
+        monkeypatch.setenv(REQUIRE_DEPS_ENV, "1")
+    result = pytester.runpytest_subprocess(*(["--mxcheck-require-deps"] if how == "option" else []),
+                                           "--continue-on-collection-errors")
+    result.assert_outcomes(passed=1, failed=2, errors=1)
+    result.stdout.fnmatch_lines([
+        "*ERROR collecting test_module.py*",
+        "missing package mxcheck_absent_witness (No module named 'mxcheck_absent_witness'); pip "
+        "install -e '.[[]test[]]'. --mxcheck-require-deps (MXCHECK_REQUIRE_DEPS=1): a declared test "
+        "dependency must be installed",
+        "_* test_needs_it_inside _*",
+        "missing package mxcheck_absent_plots (No module named 'mxcheck_absent_plots'); pip install*",
+    ])
+
+
+@pytest.mark.parametrize("bad", [(), ("",), ("torchao.float8",), (3,)])
+def test_needs_takes_top_level_package_names(bad):
+    with pytest.raises(ValueError, match=r"needs.*expected one or more top-level package names"):
+        with needs(*bad):
+            pass

@@ -13,6 +13,7 @@ import torch
 from mxcheck.divergence import battery, divergence
 from mxcheck.formats import get_format
 from mxcheck.hadamard import apply_hadamard
+from mxcheck.plugin import needs
 from mxcheck.profiles import PROFILES, Profile, get_profile
 from mxcheck.scaling.mx import mx_quantize
 
@@ -175,8 +176,8 @@ _TORCHAO_DTYPE = {"e2m1": "float4_e2m1fn_x2", "e2m3": "fp6_e2m3", "e3m2": "fp6_e
 
 def torchao_to_mx(x: torch.Tensor, fmt: str, rule: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(one code per element, scale bytes) from torchao 0.18's to_mx (as tests/test_mx.py)."""
-    mx_tensor = pytest.importorskip("torchao.prototype.mx_formats.mx_tensor")
-    config = pytest.importorskip("torchao.prototype.mx_formats.config")
+    with needs("torchao"):
+        from torchao.prototype.mx_formats import config, mx_tensor
     name = _TORCHAO_DTYPE[fmt]
     scale, data = mx_tensor.to_mx(x, getattr(torch, name, name), 32, config.ScaleCalculationMode(rule))
     raw = data.view(torch.uint8)

@@ -348,6 +348,7 @@ def page(small: Report) -> str:
     return render_html(small)
 
 
+@pytest.mark.usefixtures("matplotlib")
 def test_html_is_well_formed_and_embeds_a_png_per_recipe_and_backend(page: str) -> None:
     tags = parse(page).seen
     images = [a["src"] for t, a in tags if t == "img"]
@@ -356,6 +357,7 @@ def test_html_is_well_formed_and_embeds_a_png_per_recipe_and_backend(page: str) 
         assert src.startswith("data:image/png;base64,")
         assert base64.b64decode(src.split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"
     assert not any(t in ("script", "link") for t, _ in tags)  # nothing loaded from outside
+    assert 'class="note"' not in page  # the no-plots note is for pages without matplotlib
 
 
 def test_html_has_tables_skipped_and_environment_sections(page: str) -> None:
@@ -382,6 +384,7 @@ def drawn(fig: object, gid: str) -> list[float]:
                   for _, y in c.get_offsets())
 
 
+@pytest.mark.usefixtures("matplotlib")
 def test_plot_draws_snr_thresholds_failures_and_the_baseline(small: Report,
                                                              baseline: Report) -> None:
     rows = group_rows(small)[("mxfp4", "triton")]
@@ -405,12 +408,32 @@ def test_html_escapes_a_script_in_a_test_id() -> None:
     assert "script" not in {t for t, _ in parse(html_text).seen}
 
 
-def test_html_without_matplotlib_says_how_to_install_it(small: Report,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def no_matplotlib(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("matplotlib", "matplotlib.figure", "matplotlib.backends.backend_agg"):
         monkeypatch.setitem(sys.modules, name, None)  # None in sys.modules: ImportError
-    with pytest.raises(ImportError, match=r"pip install mxcheck\[plots\]"):
-        render_html(small)
+
+
+@pytest.mark.usefixtures("no_matplotlib")
+def test_html_without_matplotlib_has_every_table_and_says_why_it_has_no_plots(
+        small: Report) -> None:
+    page = render_html(small)
+    tags = [t for t, _ in parse(page).seen]
+    assert tags.count("img") == 0 and tags.count("table") == 5  # 3 groups, skipped, environment
+    assert page.count(">pass</td>") + page.count(">FAIL</td>") == 15  # every check of small.json
+    note = next(line for line in page.splitlines() if line.startswith('<p class="note">'))
+    assert "matplotlib, which is not installed" in note and "pip install mxcheck[plots]" in note
+
+
+@pytest.mark.usefixtures("no_matplotlib")
+def test_report_html_command_writes_a_page_without_matplotlib(tmp_path: Path) -> None:
+    from mxcheck.cli import main
+
+    out = tmp_path / "r.html"
+    assert main(["report", str(SMALL), "--html", str(out), "-q"]) == 0
+    page = out.read_text(encoding="utf-8")
+    assert page.count("<h2>") == 5 and "src=\"data:image/png" not in page
+    assert "pip install mxcheck[plots]" in page
 
 
 # ---- compare --------------------------------------------------------------------------

@@ -344,6 +344,7 @@ def test_block_stats_survive_the_report_round_trip() -> None:
     assert again.dumps() == report.dumps()
 
 
+@pytest.mark.usefixtures("matplotlib")
 def test_html_draws_block_stat_histograms_when_a_report_carries_them() -> None:
     page = render_html(report_with_stats())
     assert "<h2>Block statistics (2 operands)</h2>" in page
@@ -352,6 +353,7 @@ def test_html_draws_block_stat_histograms_when_a_report_carries_them() -> None:
     assert "Block statistics" not in render_html(Report())
 
 
+@pytest.mark.usefixtures("matplotlib")
 def test_block_stats_figure_draws_the_histograms() -> None:
     s = block_stats(two_blocks(), E2M1_RCEIL).to_json()
     fig = block_stats_figure("x", s)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import warnings
 from collections.abc import Callable
 from importlib import metadata
 from typing import Any, Protocol, runtime_checkable
@@ -21,6 +22,7 @@ __all__ = [
     "BackendLoadError",
     "available_backends",
     "get",
+    "import_vendor",
     "register",
     "registered",
 ]
@@ -90,6 +92,24 @@ def get(spec: str) -> Backend:
         raise BackendLoadError(f"backend {spec!r}: {type(backend).__name__} lacks the Backend "
                                "protocol (name, available(), supports(recipe))")
     return backend
+
+
+def import_vendor(module: str) -> str | None:
+    """Import a vendor module for an ``available()``: None when it imports, else why not.
+
+    Only an exception at import means unavailable. A warning at import leaves the package
+    usable (TransformerEngine 2.x warns when JAX is installed without its TE extension), so
+    it is shown as a warning and never escalated, even under pytest's
+    ``filterwarnings = error`` or ``python -W error``, which would otherwise turn it into an
+    exception here and report the backend "not importable".
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("default")
+        try:
+            importlib.import_module(module)
+        except Exception as e:  # a vendor package may raise anything at import on a CPU host
+            return f"{module} not importable ({type(e).__name__}: {e})"
+    return None
 
 
 def available_backends() -> dict[str, tuple[bool, str]]:

@@ -41,6 +41,7 @@ from typing import Any
 import torch
 
 from mxcheck import hardware
+from mxcheck.backends import import_vendor
 from mxcheck.formats import get_format
 from mxcheck.hadamard import get_hadamard
 from mxcheck.layouts import SHUFFLE_LAYOUT, pack_mxfp6_blob, shuffle_scale, unpack_mxfp6_blob
@@ -98,11 +99,7 @@ def gfx950_missing(what: str) -> str | None:
 
 def vendor_available(module: str, what: str) -> tuple[bool, str]:
     """(True, "") when ``module`` imports and the device is gfx950, else every reason why not."""
-    reasons = []
-    try:
-        importlib.import_module(module)
-    except Exception as e:  # a vendor package may raise anything at import on a CPU host
-        reasons.append(f"{module} not importable ({type(e).__name__}: {e})")
+    reasons = [why] if (why := import_vendor(module)) is not None else []
     if (why := gfx950_missing(what)) is not None:
         reasons.append(why)
     return (not reasons), "; ".join(reasons)

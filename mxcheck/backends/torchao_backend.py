@@ -44,6 +44,7 @@ from typing import Any
 
 import torch
 
+from mxcheck.backends import import_vendor
 from mxcheck.backends.torch_scaled_mm import MIN_CAPABILITY, nvidia_missing
 from mxcheck.formats import get_format
 from mxcheck.recipes import OPERANDS, OperandSpec, Recipe, get_recipe
@@ -221,12 +222,10 @@ class TorchaoBackend:
         self._float8: dict[tuple, Any] = {}
 
     def available(self) -> tuple[bool, str]:
-        try:
-            import torchao.float8  # noqa: PLC0415
-            import torchao.prototype.moe_training.mxfp8_linear  # noqa: PLC0415
-            import torchao.prototype.mx_formats.mx_tensor  # noqa: F401, PLC0415
-        except Exception as e:  # a vendor package may raise anything at import
-            return False, f"torchao (mx_formats, moe_training, float8) not importable ({type(e).__name__}: {e})"
+        for module in ("torchao.float8", "torchao.prototype.moe_training.mxfp8_linear",
+                       "torchao.prototype.mx_formats.mx_tensor"):
+            if (why := import_vendor(module)) is not None:
+                return False, why
         return True, ""
 
     def float8_missing(self) -> str | None:

@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 
+from mxcheck.backends import import_vendor
 from mxcheck.backends.torch_scaled_mm import MIN_CAPABILITY, nvidia_missing
 from mxcheck.ops import UNTRACED, announce_gemm
 from mxcheck.recipes import OPERANDS, RECIPES, Recipe, get_recipe
@@ -140,11 +141,7 @@ class TransformerEngineBackend:
         self._modules: dict[tuple, Any] = {}
 
     def available(self) -> tuple[bool, str]:
-        reasons = []
-        try:
-            import transformer_engine.pytorch  # noqa: F401, PLC0415
-        except Exception as e:  # a vendor package may raise anything at import on a CPU host
-            reasons.append(f"transformer_engine.pytorch not importable ({type(e).__name__}: {e})")
+        reasons = [why] if (why := import_vendor("transformer_engine.pytorch")) is not None else []
         if (why := nvidia_missing("transformer_engine", MIN_CAPABILITY)) is not None:
             reasons.append(why)
         return (not reasons), "; ".join(reasons)

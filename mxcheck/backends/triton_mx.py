@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from mxcheck import hardware
+from mxcheck.backends import import_vendor
 from mxcheck.scaling.mx import MXTensor
 
 __all__ = ["TritonMXBackend", "triton_mx_gemm"]
@@ -95,10 +96,8 @@ class TritonMXBackend:
     device = "cuda"
 
     def available(self) -> tuple[bool, str]:
-        try:
-            import triton  # noqa: F401, PLC0415
-        except ImportError as e:
-            return False, f"triton not importable ({e})"
+        if (why := import_vendor("triton")) is not None:
+            return False, why
         hw = hardware.detect()
         if hw.vendor != "nvidia":
             return False, f"needs an NVIDIA GPU (sm90+); this machine has {hw.describe()}"

@@ -8,7 +8,8 @@ A report that carries block statistics (``mxcheck.stats``: ``BlockStats.to_json(
 ``Report`` keeps as an unknown key) gets a section with their table and, per operand,
 histograms of scale exponents and per-block SNR.
 matplotlib is optional (``pip install mxcheck[plots]``) and loaded only here, through its
-Agg canvas and never pyplot, so rendering changes no global backend state.
+Agg canvas and never pyplot, so rendering changes no global backend state. Without it the
+page has every table and a note saying why it has no plots.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ th,td{border:1px solid #ccc;padding:2px 6px;text-align:left;vertical-align:top}
 td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 th{background:#f3f3f3}tr.fail{background:#fde8e8}td.bad{color:#b00;font-weight:bold}
 small{color:#666}img{max-width:100%;display:block;margin:.5em 0}
-.summary{font-size:1.1em}
+.summary{font-size:1.1em}.note{background:#fff6d5;padding:4px 8px}
 """
 # Inf (bit-exact against truth) and NaN (no signal) cannot sit on the axis: they are
 # drawn on its edges with their own markers.
@@ -116,14 +117,28 @@ def snr_figure(title: str, rows: list[Row],
     return fig
 
 
-def _figure(width: float, height: float) -> Any:
-    """A matplotlib Figure on its own Agg canvas (no pyplot, no global state)."""
+def _matplotlib() -> tuple[Any, Any]:
+    """matplotlib's (Figure, FigureCanvasAgg); ImportError saying how to install it."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415
         from matplotlib.figure import Figure  # noqa: PLC0415
     except ImportError as e:
-        raise ImportError(f"render_html draws its plots with matplotlib, which is not "
-                          f"installed ({e}); pip install mxcheck[plots]") from e
+        raise ImportError(f"the plots need matplotlib, which is not installed ({e}); "
+                          "pip install mxcheck[plots]") from e
+    return Figure, FigureCanvasAgg
+
+
+def _no_plots_reason() -> str | None:
+    try:
+        _matplotlib()
+    except ImportError as e:
+        return str(e)
+    return None
+
+
+def _figure(width: float, height: float) -> Any:
+    """A matplotlib Figure on its own Agg canvas (no pyplot, no global state)."""
+    Figure, FigureCanvasAgg = _matplotlib()
     fig = Figure(figsize=(width, height))
     FigureCanvasAgg(fig)
     return fig
@@ -242,7 +257,7 @@ def _stat(stats: dict[str, Any], key: str, pct: bool = False) -> str:
     return "–" if v is None else str(v)
 
 
-def _block_stats_section(entries: list[tuple[str, dict[str, Any]]]) -> str:
+def _block_stats_section(entries: list[tuple[str, dict[str, Any]]], plots: bool) -> str:
     header = ["operand", "format", "block", "saturated", "overflow", "flushed", "SNR dB",
               "p1 block SNR dB"]
     rows = []
@@ -256,7 +271,8 @@ def _block_stats_section(entries: list[tuple[str, dict[str, Any]]]) -> str:
         rows.append(f"<tr>{''.join(cells)}</tr>")
     head = "".join(f"<th>{escape(h)}</th>" for h in header)
     images = [f'<img alt="{escape(name)}: block statistics" '
-              f'src="data:image/png;base64,{_png(block_stats_figure(name, s))}">' for name, s in entries]
+              f'src="data:image/png;base64,{_png(block_stats_figure(name, s))}">'
+              for name, s in (entries if plots else [])]
     return (f'<section id="block-stats">\n<h2>Block statistics ({len(entries)} operands)</h2>\n'
             f"<table>\n<tr>{head}</tr>\n" + "\n".join(rows) + "\n</table>\n"
             + "\n".join(images) + "\n</section>")
@@ -294,14 +310,14 @@ def _html_table(rows: list[Row], with_baseline: bool) -> str:
 
 
 def _group_section(name: tuple[str, str], rows: list[Row], c: Comparison | None,
-                   base_snr: dict[tuple[str, ...], float]) -> str:
+                   base_snr: dict[tuple[str, ...], float], plots: bool) -> str:
     records = [row.record for row in rows]
     title = f"{name[0]} / {name[1]}"
     failed = sum(not r.passed for r in records)
     heading = f"{title}: {len(rows)} checks, {failed} failed"
     w = worst(records)
     heading += f", {worst_text(w)}" if w is not None else ""
-    png = _plot_png(f"{title}: SNR per layer and direction", rows, base_snr)
+    png = _plot_png(f"{title}: SNR per layer and direction", rows, base_snr) if plots else None
     img = ("" if png is None else
            f'<img alt="{escape(title)}: SNR per layer and direction" '
            f'src="data:image/png;base64,{png}">')
@@ -333,7 +349,7 @@ def render_html(report: Report, baseline: Report | None = None,
                 max_drop_db: float = DEFAULT_MAX_DROP_DB) -> str:
     """The whole report as one HTML page with no external resources.
 
-    Raises ImportError (saying ``pip install mxcheck[plots]``) without matplotlib.
+    Without matplotlib the page has no plots and says so (and how to install it).
     """
     c = None if baseline is None else compare(baseline, report, max_drop_db)
     base_snr = {} if c is None else {
@@ -346,11 +362,15 @@ def render_html(report: Report, baseline: Report | None = None,
              f"<p><small>{escape(environment_line(report.environment))}</small></p>"]
     if c is not None:
         parts.append(f"<p>{escape(baseline_summary(c))}</p>")
-    parts += [_group_section(name, rows, c, base_snr)
+    no_plots = _no_plots_reason()
+    if no_plots is not None:
+        parts.append(f'<p class="note">No plots on this page: {escape(no_plots)}. '
+                     "The tables have every number.</p>")
+    parts += [_group_section(name, rows, c, base_snr, plots=no_plots is None)
               for name, rows in group_rows(report, c).items()]
     entries = _block_stats_entries(report)
     if entries:
-        parts.append(_block_stats_section(entries))
+        parts.append(_block_stats_section(entries, plots=no_plots is None))
     if c is not None and c.removed:
         parts.append(f"<h2>In the baseline, missing from this run ({len(c.removed)})</h2>")
         parts.append(_key_value_table(
