@@ -268,12 +268,12 @@ def test_te_linear_falls_back_to_fp8_autocast(monkeypatch):
     calls: list = []
     for name, mod in _fake_te(calls, new_autocast=False).items():
         monkeypatch.setitem(sys.modules, name, mod)
-    x, w = torch.randn(4, 32), torch.randn(8, 32)
-    y = TransformerEngineBackend().linear(x.view(2, 2, 32), w, None, "fp8")
+    x, w = torch.randn(32, 32), torch.randn(16, 32)  # M, N, K multiples of 16, as cuBLASLt FP8 needs
+    y = TransformerEngineBackend().linear(x.view(2, 16, 32), w, None, "fp8")
     (ac,) = [c for c in calls if c[0] == "autocast"]
     assert set(ac[1]) == {"enabled", "fp8_recipe"}
     assert type(ac[1]["fp8_recipe"]).__name__ == "Float8CurrentScaling"
-    assert y.shape == (2, 2, 8)
+    assert y.shape == (2, 16, 16)
 
 
 # ------------------------------------------------------------------ registry
