@@ -263,7 +263,7 @@ def test_registry_gets_the_backends_without_importing_the_vendors():
 
 
 @pytest.mark.cuda
-@pytest.mark.xfail(strict=True, reason=(
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
     "Hopper FP8 MMA does not accumulate in full fp32: on an H200 (torch 2.11) _scaled_mm was outside "
     "the K*2^-24 fp32-accumulation bound on ~0.6% of outputs at K=512, relative error up to 3e-4 "
     "(about 2^-12; cf. DeepSeek-V3 sec. 3.3.2, ~14-bit accumulation). Strict: passing means it changed."))
@@ -283,6 +283,23 @@ def test_torch_scaled_mm_matches_emulated_gemm(granularity):
     exact = emulated_gemm(a, b, out_dtype=torch.float64, accumulate=torch.float64)
     bound = k * 2.0**-24 * (a.dequantize().double().abs() @ b.dequantize().double().abs().T)
     assert ((got - exact).abs() <= bound).all(), float(((got - exact).abs() - bound).max())
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("granularity", ["tensor", "row"])
+def test_torch_scaled_mm_adds_the_bias_in_bf16(granularity):
+    """Outside the xfail above: a broken bias path must fail, not read as the known XFAIL."""
+    backend = TorchScaledMMBackend()
+    ok, why = backend.available()
+    if not ok:
+        pytest.skip(why)
+    gen = torch.Generator().manual_seed(0)
+    m, n, k = 128, 96, 256
+    x = torch.randn(m, k, generator=gen).cuda()
+    w = (torch.randn(n, k, generator=gen) / k**0.5).cuda()
+    a = fp8_quantize(x, "e4m3", granularity=granularity)
+    b = fp8_quantize(w, "e4m3", granularity=granularity)
+    exact = emulated_gemm(a, b, out_dtype=torch.float64, accumulate=torch.float64)
     bias = torch.randn(n, generator=gen).cuda().to(torch.bfloat16)
     with_bias = backend.gemm(a, b, out_dtype=torch.bfloat16, bias=bias)
     assert with_bias.shape == (m, n) and with_bias.dtype == torch.bfloat16

@@ -39,8 +39,15 @@ def _device(backend: Any) -> str:
     return getattr(backend, "device", "cpu")
 
 
+def fresh_state(recipe: Recipe, operand: str) -> dict[str, Any]:
+    """quantize keywords for ``operand``: a delayed-scaling one takes its amax history, here
+    a fresh one (a first step, scale 1); others take none."""
+    return {"state": make_delayed_states(recipe)[operand]} if recipe.spec(operand).scaling == "delayed" else {}
+
+
 def _fwd_operands(recipe: Recipe, x: torch.Tensor, w: torch.Tensor) -> tuple[Any, Any]:
-    return quantize_operand(x, recipe.x_row), quantize_operand(w, recipe.w_row)
+    return (quantize_operand(x, recipe.x_row, **fresh_state(recipe, "x_row")),
+            quantize_operand(w, recipe.w_row, **fresh_state(recipe, "w_row")))
 
 
 NO_LINEAR = "backend has neither linear nor gemm"  # the skip reason of every linear check

@@ -18,14 +18,13 @@ from mxcheck.conformance._common import (
     _linear,
     _Reference,
     _snr,
+    fresh_state,
     linear_of,
     warmed_states,
 )
 from mxcheck.conformance.inputs import WIDE_POWERS, training_like
-from mxcheck.functions import make_delayed_states
 from mxcheck.gemm import quantize_operand
 from mxcheck.recipes import Recipe
-from mxcheck.thresholds import BGRAD_FLOOR_DB
 
 _M, _N, _K = 256, 256, 512
 _W_SCALE = 2.0**-5  # about 1/sqrt(K), a power of two so midpoints stay midpoints
@@ -51,11 +50,6 @@ QUANTIZE_INPUTS = {
 }
 
 
-def _fresh_state(recipe: Recipe, operand: str) -> dict[str, Any]:
-    """A delayed-scaling operand takes its amax history: a fresh one (a first step)."""
-    return {"state": make_delayed_states(recipe)[operand]} if recipe.spec(operand).scaling == "delayed" else {}
-
-
 def check_quantize(backend: Any, recipe: Recipe, gen: torch.Generator, numerics: Any = None) -> str | None:
     """The backend's quantization of x_row and w_row is bit-identical to the oracle's, on
     each of QUANTIZE_INPUTS."""
@@ -65,8 +59,8 @@ def check_quantize(backend: Any, recipe: Recipe, gen: torch.Generator, numerics:
         for name, rows in (("x_row", _M), ("w_row", _N)):
             spec = recipe.spec(name)
             t = training_like(gen, rows, _K, spec, **kw).to(_device(backend))
-            ours, theirs = (quantize_operand(t, spec, **_fresh_state(recipe, name)),
-                            backend.quantize(t, spec, **_fresh_state(recipe, name)))
+            ours, theirs = (quantize_operand(t, spec, **fresh_state(recipe, name)),
+                            backend.quantize(t, spec, **fresh_state(recipe, name)))
             for field in ("codes", "scales", "block_scales", "scale_inv"):
                 if hasattr(ours, field):
                     _bitwise(numerics, getattr(theirs, field), getattr(ours, field), recipe=recipe.name,
@@ -90,7 +84,7 @@ def check_linear(backend: Any, recipe: Recipe, gen: torch.Generator, numerics: A
     close to the reference Function given the same quantized operands."""
     if linear_of(backend) is None:
         return NO_LINEAR
-    floor = thresholds.linear_floor(recipe.name)  # a recipe without a floor is an error
+    thresholds.linear_floor(recipe.name)  # a recipe without a floor is an error, before any work
     x0, w0, b0, dy = _inputs(gen, _device(backend), recipe)
     # Delayed scaling: a few steps fill the amax histories, then the measured step.
     states = warmed_states(linear_of(backend), recipe, x0, w0, b0, dy)
@@ -103,7 +97,7 @@ def check_linear(backend: Any, recipe: Recipe, gen: torch.Generator, numerics: A
     for direction, ref in truth.items():
         if got[direction] is None or not got[direction].abs().sum():
             raise NumericsError(f"{direction} of recipe {recipe.name} is missing or all zero")
-        _snr(numerics, got[direction].double(), ref, BGRAD_FLOOR_DB if direction == "bgrad" else floor,
+        _snr(numerics, got[direction].double(), ref, thresholds.linear_floor(recipe.name, direction),
              recipe=recipe.name, layer="vs float64 truth", direction=direction, m=_M, n=_N, k=_K)
     ref_states = warmed_states(linear_of(_Reference()), recipe, x0, w0, b0, dy)
     rx, rw, _, ry = _linear(_Reference(), x0, w0, b0, recipe, states=ref_states)
