@@ -53,7 +53,10 @@ def test_fp32_accumulation_bound_holds_for_a_float32_matmul():
 
 def test_lookups_name_what_is_known():
     assert th.linear_floor("mxfp4") == 10.0 and th.gemm_floor("mx/e4m3") == 25.0
-    assert th.linear_floor("mxfp4+sr") == 10.0 and th.linear_floor("fp8-delayed") == 20.0
+    assert th.linear_floor("mxfp4+sr") == 10.0 and th.linear_floor("fp8-delayed") == 25.0
+    assert th.linear_floor("fp8-delayed", "dgrad") == 20.0 and th.linear_floor("nvfp4", "bgrad") == th.BGRAD_FLOOR_DB
+    with pytest.raises(ValueError, match=r"direction='up'"):
+        th.linear_floor("fp8", "up")
     for fn, key in ((th.linear_floor, "mxfp5"), (th.quantize_floor, "mx/e9m9"), (th.gemm_floor, "x")):
         with pytest.raises(ValueError, match="known"):
             fn(key)
