@@ -206,6 +206,12 @@ def check_float_tensor(x: torch.Tensor, name: str = "x") -> None:
         )
 
 
+def check_bool(value: object, name: str) -> None:
+    """TypeError unless value is a bool (a truthy "no" or a None must not pick a policy)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name}={value!r} ({type(value).__name__}); expected True or False")
+
+
 def check_rounding(rounding: str, rand: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor | None:
     """Validate rounding and rand; return the uniform u in [0, 1) as float64, or None."""
     if rounding not in ROUNDINGS:
@@ -424,6 +430,7 @@ def encode(
     """
     fmt = get_format(fmt)
     check_float_tensor(x)
+    check_bool(saturate, "saturate")
     u = check_rounding(rounding, rand, x)
     if fmt.nan == "none" and bool(torch.isnan(x).any()):
         raise ValueError(f"x holds NaN but fmt={fmt.name} has no NaN encoding; mask NaN before encoding")

@@ -25,7 +25,7 @@ from mxcheck.scaling.fp8 import FP8_FORMATS, FP8_GRANULARITIES, SCALE_FORMULAS
 from mxcheck.scaling.mx import MX_ELEMENT_FORMATS
 from mxcheck.scaling.rules import SCALE_RULES
 
-__all__ = ["GEMMS", "OPERANDS", "RECIPES", "SCALINGS", "OperandSpec", "Recipe", "get_recipe"]
+__all__ = ["DERIVED_RECIPES", "GEMMS", "OPERANDS", "RECIPES", "SCALINGS", "OperandSpec", "Recipe", "get_recipe"]
 
 OPERANDS = ("x_row", "w_row", "g_row", "w_col", "g_col", "x_col")
 # gemm -> (a operand, b operand, name of the contraction dim)
@@ -166,9 +166,24 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
 )}
 
 
+def _takes_gradient_sr(recipe: Recipe) -> bool:
+    """Both gradient copies are MX or NVFP4 (the scalings with an SR path) and not SR already."""
+    return all(recipe.spec(op).scaling in ("mx", "nvfp4") and recipe.spec(op).rounding != "sr"
+               for op in ("g_row", "g_col"))
+
+
+# Derived recipes: a named recipe with SR on its gradients (``Recipe.with_gradient_sr``).
+DERIVED_RECIPES: dict[str, Recipe] = {r.name: r for r in (
+    base.with_gradient_sr() for base in RECIPES.values() if _takes_gradient_sr(base))}
+
+
 def get_recipe(recipe: str | Recipe) -> Recipe:
+    """A recipe by name: one of RECIPES or of DERIVED_RECIPES (``mxfp4+sr``, ...)."""
     if isinstance(recipe, Recipe):
         return recipe
+    if isinstance(recipe, str) and recipe in DERIVED_RECIPES:
+        return DERIVED_RECIPES[recipe]
     if recipe not in RECIPES:
-        raise ValueError(f"recipe={recipe!r} is not known; expected one of {sorted(RECIPES)}")
+        raise ValueError(f"recipe={recipe!r} is not known; expected one of {sorted(RECIPES)} or "
+                         f"{sorted(DERIVED_RECIPES)}")
     return RECIPES[recipe]

@@ -23,12 +23,12 @@ import torch
 from mxcheck import backends
 from mxcheck.flux.config import get_config
 from mxcheck.flux.shapes import LinearShape, flux_linear_shapes
-from mxcheck.functions import quant_linear
+from mxcheck.functions import make_delayed_states, quant_linear
 from mxcheck.metrics import compare, snr_db
-from mxcheck.recipes import Recipe, get_recipe
+from mxcheck.recipes import OPERANDS, Recipe, get_recipe
 from mxcheck.report import Record, Report
 from mxcheck.report.environment import collect_environment
-from mxcheck.thresholds import BGRAD_FLOOR_DB, linear_floor
+from mxcheck.thresholds import linear_floor
 
 __all__ = [
     "AUTO_ORDER",
@@ -116,12 +116,19 @@ def _truth(t: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Te
     return {"fwd": x @ w.T + b, "dgrad": dy @ w, "wgrad": dy.T @ x, "bgrad": dy.sum(0)}
 
 
+DELAYED_STEPS = 3  # a delayed-scaling recipe runs this many steps; the last one is recorded
+
+
 def _run_linear(t: dict[str, torch.Tensor], recipe: Recipe, layer: str, gemm: Any,
                 seed: int) -> dict[str, torch.Tensor]:
-    x, w, b = (t[name].detach().clone().requires_grad_(True) for name in ("x", "w", "b"))
-    gen = torch.Generator().manual_seed(seed)  # the same SR bits for backend and reference
-    y = quant_linear(x, w, b, recipe, layer=layer, generator=gen, gemm=gemm)
-    y.backward(t["dy"])
+    """One step, or for a delayed-scaling recipe DELAYED_STEPS steps on fresh amax
+    histories (the first step runs at scale 1); the last step's results."""
+    states = make_delayed_states(recipe) if any(recipe.spec(op).scaling == "delayed" for op in OPERANDS) else None
+    for _ in range(DELAYED_STEPS if states else 1):
+        x, w, b = (t[name].detach().clone().requires_grad_(True) for name in ("x", "w", "b"))
+        gen = torch.Generator().manual_seed(seed)  # the same SR bits for backend and reference
+        y = quant_linear(x, w, b, recipe, layer=layer, generator=gen, gemm=gemm, states=states)
+        y.backward(t["dy"])
     return {"fwd": y.detach(), "dgrad": x.grad, "wgrad": w.grad, "bgrad": b.grad}
 
 
@@ -189,9 +196,8 @@ def run_sweep(model: str = "flux-12b", recipes: Sequence[str] = DEFAULT_RECIPES,
             hardware = be.name != "emulated"
             gemm = be.gemm if hardware else None
             got = _run_linear(t, recipe, layer, gemm, seed)
-            floor = linear_floor(recipe.name)
             for direction, ref in truth.items():
-                threshold = BGRAD_FLOOR_DB if direction == "bgrad" else floor
+                threshold = linear_floor(recipe.name, direction)
                 records.append(_snr_record(case, recipe, be.name, direction, got[direction], ref,
                                            threshold, layer))
             if hardware:

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from mxcheck import thresholds
 from mxcheck.functions import (
     make_delayed_states,
     quant_linear,
@@ -35,27 +36,13 @@ DIRECTIONS = ("fwd", "dgrad", "wgrad", "bgrad")
 #   fp8-hybrid, fp8-delayed (2nd step)  fwd 28.5  dgrad 24.5-24.6  wgrad 24.5-24.7
 #   nvfp4        fwd 16.7-16.8  dgrad 15.1       wgrad 15.5-15.6
 #   bgrad (every recipe: a float32 column sum cast to bf16)  55.3-56.4
-# Floors sit 3-4 dB under the measured minimum, at or above DESIGN.md's anchors
-# (MXFP4 > 10, MXFP6 > 24, e4m3 > 25, e5m2/hybrid > 20, bias gradient > 35).
-E4M3, E5M2 = 25.0, 21.0
-FLOORS = {
-    "mxfp4": (12.0, 12.0, 12.0),
-    "mxfp4-fp8bwd": (12.0, 20.0, 20.0),
-    "mxfp6": (24.0, 24.0, 24.0),
-    "fp8": (E4M3, E4M3, E4M3),
-    "fp8-hybrid": (E4M3, E5M2, E5M2),
-    "fp8-delayed": (E4M3, E5M2, E5M2),
-    "mxfp8": (E4M3, E4M3, E4M3),
-    "nvfp4": (12.0, 12.0, 12.0),
-    "mxfp4-1x32": (12.0, 12.0, 12.0),
-    "fp8-rowwise": (E4M3, E4M3, E4M3),
-}
-BGRAD_FLOOR = 50.0
+# The floors are mxcheck.thresholds' (one table for every test and check), at or above
+# DESIGN.md's anchors (MXFP4 > 10, MXFP6 > 24, e4m3 > 25, e5m2/hybrid > 20, bias grad > 35).
 SR_RECIPES = [RECIPES["nvfp4"], RECIPES["mxfp4"].with_gradient_sr()]
 
 
 def test_every_named_recipe_has_floors():
-    assert set(FLOORS) == set(RECIPES)
+    assert set(thresholds.LINEAR_SNR_FLOORS) == set(RECIPES)
 
 
 def inputs(gen: torch.Generator, m: int = M, n: int = N, k: int = K):
@@ -99,7 +86,7 @@ def test_each_recipe_reaches_its_snr_floor_against_float64_truth(recipe, gen, nu
     X, W, G = x.double(), w.double(), dy.double()
     truth = {"fwd": X @ W.T + b.double(), "dgrad": G @ W, "wgrad": G.T @ X, "bgrad": G.sum(0)}
     got = {"fwd": y, "dgrad": dx, "wgrad": dw, "bgrad": db}
-    floors = dict(zip(DIRECTIONS, (*FLOORS[recipe], BGRAD_FLOOR), strict=True))
+    floors = {d: thresholds.linear_floor(recipe, d) for d in DIRECTIONS}
     # trap 1: an all-zero gradient would make every SNR below meaningless
     numerics.context(recipe=recipe, layer="linear", m=M, n=N, k=K).nonzero_grads(_as_params(dx, dw, db))
     for d in DIRECTIONS:

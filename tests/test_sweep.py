@@ -41,6 +41,21 @@ def test_sweep_records_every_case_recipe_and_direction():
     assert 25 < min(mxfp6) and max(mxfp6) < 32  # measured ~28 dB: quantized, not bf16
 
 
+@pytest.mark.parametrize("recipe", ["fp8-delayed", "mxfp4+sr"])
+def test_delayed_and_derived_recipes_have_sweep_records(recipe):
+    """fp8-delayed runs 3 steps on fresh amax histories and records the last; a derived
+    recipe resolves by name and is held to its base recipe's floor."""
+    from mxcheck.thresholds import linear_floor
+
+    report = run_sweep("flux-small", (recipe,), "emulated", batch=1, tokens=64)
+    assert report.records and not report.skipped
+    assert {r.recipe for r in report.records} == {recipe}
+    assert all(r.passed for r in report.records), [r for r in report.records if not r.passed]
+    fwd = [r for r in report.records if r.direction == "fwd"]
+    assert all(r.threshold_db == linear_floor(recipe) for r in fwd)
+    assert all(r.snr_db < 60 for r in fwd)  # quantized, not bf16 (bf16 gives ~70 dB)
+
+
 def test_a_shape_a_recipe_cannot_take_is_listed_as_skipped():
     report = run_sweep("flux-small", ("mxfp6",), "emulated", batch=1, tokens=64)
     assert not report.records

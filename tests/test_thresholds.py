@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from mxcheck import thresholds
 from mxcheck import thresholds as th
 from mxcheck.cli import main
 
@@ -51,7 +52,11 @@ def test_fp32_accumulation_bound_holds_for_a_float32_matmul():
 
 
 def test_lookups_name_what_is_known():
-    assert th.linear_floor("mxfp4") == 10.0 and th.gemm_floor("mx/e4m3") == 24.0
+    assert th.linear_floor("mxfp4") == 10.0 and th.gemm_floor("mx/e4m3") == 25.0
+    assert th.linear_floor("mxfp4+sr") == 10.0 and th.linear_floor("fp8-delayed") == 25.0
+    assert th.linear_floor("fp8-delayed", "dgrad") == 20.0 and th.linear_floor("nvfp4", "bgrad") == th.BGRAD_FLOOR_DB
+    with pytest.raises(ValueError, match=r"direction='up'"):
+        th.linear_floor("fp8", "up")
     for fn, key in ((th.linear_floor, "mxfp5"), (th.quantize_floor, "mx/e9m9"), (th.gemm_floor, "x")):
         with pytest.raises(ValueError, match="known"):
             fn(key)
@@ -65,7 +70,36 @@ def test_cli_prints_the_table(capsys):
 
     data = json.loads(capsys.readouterr().out)
     assert {r["scale_rule"] for r in data["measured"]} == set(RULES)
-    assert data["floors"]["linear"]["mxfp6"]["db"] == 20.0
+    assert data["floors"]["linear"]["mxfp6"]["db"] == 24.0
     assert main(["thresholds", "--k", "256", "--fmt", "e2m1", "--rows", "16"]) == 0
     assert "fp32 acc. ceiling dB" in capsys.readouterr().out
     assert main(["thresholds", "--fmt", "e9m9", "--rows", "16", "--k", "64"]) == 2
+
+
+def _anchor_of(key: str) -> float | None:
+    """The DESIGN.md anchor a floor key answers to: by recipe, or by element format."""
+    if key in thresholds.RECIPE_ANCHOR_FORMATS:
+        return thresholds.DESIGN_ANCHORS_DB[thresholds.RECIPE_ANCHOR_FORMATS[key]]
+    fmt = key.split("/")[-1].split("+")[0]
+    fmt = "e2m1" if key.startswith("nvfp4/") else fmt.removesuffix("fnuz")
+    return thresholds.DESIGN_ANCHORS_DB.get(fmt)  # e3m2 has no DESIGN anchor
+
+
+@pytest.mark.parametrize(("table", "key"), [
+    (name, key) for name in ("QUANTIZE_FLOORS", "GEMM_FLOORS", "LINEAR_SNR_FLOORS")
+    for key in getattr(thresholds, name)], ids=str)
+def test_no_floor_sits_below_its_design_anchor(table, key):
+    anchor = _anchor_of(key)
+    if key.endswith("e3m2"):
+        assert anchor is None  # MXFP6's anchor is the e2m3 recipe's; e3m2 measures 22-25 dB
+        return
+    assert getattr(thresholds, table)[key].db >= anchor, (table, key, anchor)
+
+
+def test_every_recipe_has_a_design_anchor_and_the_bias_gradient_floor_its_own():
+    from mxcheck.recipes import RECIPES
+
+    assert set(thresholds.RECIPE_ANCHOR_FORMATS) == set(RECIPES) == set(thresholds.LINEAR_SNR_FLOORS)
+    assert thresholds.BGRAD_FLOOR_DB >= thresholds.DESIGN_ANCHORS_DB["bgrad"]
+    # the anchors as DESIGN.md states them
+    assert thresholds.DESIGN_ANCHORS_DB == {"e2m1": 10.0, "e2m3": 24.0, "e4m3": 25.0, "e5m2": 20.0, "bgrad": 35.0}

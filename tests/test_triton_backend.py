@@ -7,6 +7,7 @@ import torch
 
 import mxcheck
 from mxcheck.backends.triton_mx import triton_mx_gemm
+from mxcheck.thresholds import gemm_floor
 
 pytestmark = pytest.mark.cuda
 
@@ -23,7 +24,7 @@ def test_dot_scaled_gemm_within_fp32_accumulation_of_the_exact_product(fmt, rule
     bound = k * 2.0**-24 * (a.dequantize().double().abs() @ b.dequantize().double().abs().T)
     assert ((got - exact).abs() <= bound).all()
     numerics.context(backend="triton", recipe=f"mx-{fmt}-{rule}", layer=f"random {m}x{n}x{k}", direction="fwd",
-                     m=m, n=n, k=k).snr(got, (x.double() @ w.double().T), 8.0 if fmt == "e2m1" else 18.0)
+                     m=m, n=n, k=k).snr(got, (x.double() @ w.double().T), gemm_floor(f"mx/{fmt}"))
 
 
 def test_dot_scaled_matches_dequantize_to_bf16_and_matmul(gen):

@@ -5,12 +5,19 @@ Each wraps the emulated backend and breaks one thing the way real kernels have b
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
 import torch
 
 from mxcheck.backends.emulated import EmulatedBackend
+from mxcheck.formats import FloatFormat
+from mxcheck.scaling import fp8 as _fp8
+from mxcheck.scaling import mx as _mx
+from mxcheck.scaling import nvfp4 as _nvfp4
+from mxcheck.scaling import rules as _rules
 
 __all__ = ["KNOWN_BAD"]
 
@@ -79,6 +86,100 @@ class DropsBias(EmulatedBackend):
         return y + 0 * bias.sum() if bias is not None else y
 
 
+@contextlib.contextmanager
+def _patched(targets: list[tuple[Any, str, Any]]) -> Iterator[None]:
+    """Inside: each (owner, name) holds the given replacement; restored on exit."""
+    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in targets]
+    try:
+        for owner, name, new in targets:
+            setattr(owner, name, new)
+        yield
+    finally:
+        for owner, name, old in saved:
+            setattr(owner, name, old)
+
+
+class _SeededBug(EmulatedBackend):
+    """Runs quantize and linear inside ``bug()``: the oracle with one thing swapped where
+    a kernel would have it (the oracle's quantizers take rounding as data only for MX, so
+    the element encoders that every quantizer calls are wrapped instead)."""
+
+    def bug(self) -> contextlib.AbstractContextManager[None]:
+        raise NotImplementedError
+
+    def quantize(self, x, spec, **kw):
+        with self.bug():
+            return super().quantize(x, spec, **kw)
+
+    def linear(self, x, weight, bias, recipe, **kw):
+        with self.bug():
+            return super().linear(x, weight, bias, recipe, **kw)
+
+
+def _element_rounding(swap: dict[str, str]) -> contextlib.AbstractContextManager[None]:
+    """Element codes rounded with swap[rounding] (block scales keep theirs: only the
+    element formats, never ue4m3 or E8M0, go through the swap)."""
+    def wrap(encode: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+        def swapped(x: torch.Tensor, fmt: FloatFormat, rounding: str = "rne", *args: Any, **kw: Any) -> torch.Tensor:
+            if fmt.name != "ue4m3":
+                rounding = swap.get(rounding, rounding)
+            return encode(x, fmt, rounding, *args, **kw)
+        return swapped
+    return _patched([(_mx, "encode_bits_float", wrap(_mx.encode_bits_float)),
+                     (_nvfp4, "encode_bits", wrap(_nvfp4.encode_bits)),
+                     (_fp8, "encode_bits", wrap(_fp8.encode_bits))])
+
+
+class HalfAwayForRne(_SeededBug):
+    """Rounds element ties away from zero where the recipe says RNE, and to even where it
+    says half-away (AITER MXFP6: the Triton packer rounds half away, the HIP packer RNE)."""
+
+    name = "bad-half-away"
+
+    def bug(self):
+        return _element_rounding({"rne": "half_away", "half_away": "rne"})
+
+
+class TruncForRne(_SeededBug):
+    """Truncates element codes toward zero where the recipe says RNE or half-away (a cvt
+    with the wrong rounding-mode suffix)."""
+
+    name = "bad-trunc"
+
+    def bug(self):
+        return _element_rounding({"rne": "trunc", "half_away": "trunc"})
+
+
+def _log2_rule(rule: str) -> Callable[[torch.Tensor, FloatFormat], torch.Tensor]:
+    """The scale rule computed with a float32 ``log2`` (microxcaling's Python path, gfloat on
+    float32 arrays): log2 of nextbelow(2**k) rounds to k, a binade too high."""
+    def exponent(amax: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
+        right = _RULES[rule](amax, fmt)
+        if rule == "rceil":
+            e = torch.ceil(torch.log2((amax.double() / fmt.max).float()))
+        elif rule == "even":  # the bumped amax, then floor(log2) of its value (not its field)
+            bumped = (amax.view(torch.int32) + (1 << (22 - fmt.mbits))).view(torch.float32)
+            e = torch.floor(torch.log2(bumped)) - fmt.emax
+        else:
+            e = (torch.ceil if rule == "ceil" else torch.floor)(torch.log2(amax)) - fmt.emax
+        # Only finite, non-zero amaxes go through log2 (zero, Inf and NaN keep their policy).
+        ok = torch.isfinite(amax) & (amax > 0) & torch.isfinite(e)
+        return torch.where(ok, e.clamp(-1000, 1000).to(right.dtype), right)
+    return exponent
+
+
+_RULES = dict(_rules.SCALE_RULES)
+
+
+class Float32Log2Scale(_SeededBug):
+    """Takes the MX block exponent from a float32 ``log2`` of the amax instead of its bits."""
+
+    name = "bad-log2-scale"
+
+    def bug(self):
+        return _patched([(_rules, "SCALE_RULES", {r: _log2_rule(r) for r in _RULES})])
+
+
 class GarbageUnlessKMod256(EmulatedBackend):
     """Returns garbage, with no error, when K % 256 != 0 (aiter#4176: gemm_a4w4, relative
     error 1e3 to 1e7); its linear runs the reference Function on that GEMM, as adapters do."""
@@ -97,4 +198,5 @@ class GarbageUnlessKMod256(EmulatedBackend):
 
 
 KNOWN_BAD: dict[str, type[Any]] = {c.name: c for c in (NibbleSwap, WrongScaleRule, StaleWeight, Bf16Fallback,
-                                                        NanToZero, DropsBias, GarbageUnlessKMod256)}
+                                                        NanToZero, DropsBias, GarbageUnlessKMod256,
+                                                        HalfAwayForRne, TruncForRne, Float32Log2Scale)}

@@ -30,11 +30,18 @@ from mxcheck.conformance.poison import (
     check_poison_output,
     check_poison_padding,
 )
-from mxcheck.conformance.sr import SR_DRAWS, SR_SIGMAS, check_sr_seeded, check_sr_unbiased
+from mxcheck.conformance.sr import (
+    SR_DRAWS,
+    SR_FALSE_FAILURE,
+    check_sr_seeded,
+    check_sr_unbiased,
+    sr_deviation_bound,
+)
 from mxcheck.recipes import Recipe
 
-__all__ = ["CHECKS", "EDGE_SHAPES", "LINEAR_SNR_FLOORS", "SAME_OPERANDS_FLOOR_DB", "SR_DRAWS", "SR_SIGMAS",
-           "check_gemm", "check_quantize", "edge_shape_outcome", "linear_of", "run_checks"]
+__all__ = ["CHECKS", "EDGE_SHAPES", "LINEAR_SNR_FLOORS", "SAME_OPERANDS_FLOOR_DB", "SR_DRAWS", "SR_FALSE_FAILURE",
+           "check_gemm", "check_quantize", "edge_shape_outcome", "linear_of", "run_checks",
+           "sr_deviation_bound"]
 
 CHECKS: dict[str, Callable[..., str | None]] = {
     "quantize": check_quantize,

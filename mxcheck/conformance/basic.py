@@ -10,7 +10,6 @@ from mxcheck import thresholds
 from mxcheck.assertions import NumericsError
 from mxcheck.conformance._common import (
     _ALLOWED_ERRORS,
-    LINEAR_SNR_FLOORS,
     NO_LINEAR,
     SAME_OPERANDS_FLOOR_DB,
     _assert_in_bound,
@@ -20,38 +19,57 @@ from mxcheck.conformance._common import (
     _linear,
     _Reference,
     _snr,
+    fresh_state,
     gemm_out_dtype,
     linear_of,
+    warmed_states,
 )
+from mxcheck.conformance.inputs import WIDE_POWERS, training_like
 from mxcheck.gemm import quantize_operand
 from mxcheck.recipes import Recipe
 
 _M, _N, _K = 256, 256, 512
+_W_SCALE = 2.0**-5  # about 1/sqrt(K), a power of two so midpoints stay midpoints
 
 
-def _inputs(gen: torch.Generator, device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    x = torch.randn(_M, _K, generator=gen).to(device)
-    w = (torch.randn(_N, _K, generator=gen) / _K**0.5).to(device)
-    b = torch.randn(_N, generator=gen).to(device)
-    return x, w, b
+def _inputs(gen: torch.Generator, device: str, recipe: Recipe) -> tuple[torch.Tensor, ...]:
+    """x, w, b, dY shaped like training tensors (``conformance.inputs``): bf16 values with
+    the rounding midpoints of the operand's format, outliers, zero blocks and adversarial
+    block amaxes."""
+    x = training_like(gen, _M, _K, recipe.x_row)
+    w = training_like(gen, _N, _K, recipe.w_row) * _W_SCALE
+    dy = training_like(gen, _M, _N, recipe.g_row)
+    b = torch.randn(_N, generator=gen).bfloat16().float()
+    return tuple(t.to(device) for t in (x, w, b, dy))
+
+
+# What check_quantize feeds each operand: bf16 values only (the rounding midpoints with no
+# float32 help), adversarial float32 block amaxes over the whole exponent range, Inf/NaN.
+QUANTIZE_INPUTS = {
+    "bf16": {"powers": None},
+    "amax": {"powers": WIDE_POWERS},
+    "inf-nan": {"powers": None, "specials": True},
+}
 
 
 def check_quantize(backend: Any, recipe: Recipe, gen: torch.Generator, numerics: Any = None) -> str | None:
-    """The backend's quantization of x_row and w_row is bit-identical to the oracle's."""
+    """The backend's quantization of x_row and w_row is bit-identical to the oracle's, on
+    each of QUANTIZE_INPUTS."""
     if not hasattr(backend, "quantize"):
         return "backend has no quantize"
-    x, w, _ = _inputs(gen, _device(backend))
-    for name, t in (("x_row", x), ("w_row", w)):
-        spec = recipe.spec(name)
-        try:
-            theirs = backend.quantize(t, spec)
-        except _ALLOWED_ERRORS as e:  # a quantizer may lack a feature (AITER: 2D blocks); it must say so
-            return f"backend quantize refuses {name}: {e}"
-        ours = quantize_operand(t, spec)
-        for field in ("codes", "scales", "block_scales", "scale_inv"):
-            if hasattr(ours, field):
-                _bitwise(numerics, getattr(theirs, field), getattr(ours, field), recipe=recipe.name,
-                         layer=f"{name}.{field}", direction="quantize")
+    for what, kw in QUANTIZE_INPUTS.items():
+        for name, rows in (("x_row", _M), ("w_row", _N)):
+            spec = recipe.spec(name)
+            t = training_like(gen, rows, _K, spec, **kw).to(_device(backend))
+            ours = quantize_operand(t, spec, **fresh_state(recipe, name))
+            try:
+                theirs = backend.quantize(t, spec, **fresh_state(recipe, name))
+            except _ALLOWED_ERRORS as e:  # a quantizer may lack a feature (AITER: 2D blocks); it must say so
+                return f"backend quantize refuses {name}: {e}"
+            for field in ("codes", "scales", "block_scales", "scale_inv"):
+                if hasattr(ours, field):
+                    _bitwise(numerics, getattr(theirs, field), getattr(ours, field), recipe=recipe.name,
+                             layer=f"{name}.{field} ({what} input)", direction="quantize")
     return None
 
 
@@ -59,7 +77,7 @@ def check_gemm(backend: Any, recipe: Recipe, gen: torch.Generator, numerics: Any
     """GEMM within the fp32-accumulation bound of the oracle's exact (float64) GEMM."""
     if not hasattr(backend, "gemm"):
         return "backend has no gemm"
-    x, w, _ = _inputs(gen, _device(backend))
+    x, w, _, _ = _inputs(gen, _device(backend), recipe)
     a, b = _fwd_operands(recipe, x, w)
     got = backend.gemm(a, b, out_dtype=gemm_out_dtype(backend))
     _assert_in_bound(got, a, b, f"gemm of recipe {recipe.name} at M={_M} N={_N} K={_K}")
@@ -71,12 +89,11 @@ def check_linear(backend: Any, recipe: Recipe, gen: torch.Generator, numerics: A
     close to the reference Function given the same quantized operands."""
     if linear_of(backend) is None:
         return NO_LINEAR
-    floor = LINEAR_SNR_FLOORS.get(recipe.name)
-    if floor is None:
-        return f"no SNR floor for recipe {recipe.name}"
-    x0, w0, b0 = _inputs(gen, _device(backend))
-    dy = torch.randn(_M, _N, generator=gen).to(x0.device)
-    x, w, b, y = _linear(backend, x0, w0, b0, recipe)
+    thresholds.linear_floor(recipe.name)  # a recipe without a floor is an error, before any work
+    x0, w0, b0, dy = _inputs(gen, _device(backend), recipe)
+    # Delayed scaling: a few steps fill the amax histories, then the measured step.
+    states = warmed_states(linear_of(backend), recipe, x0, w0, b0, dy)
+    x, w, b, y = _linear(backend, x0, w0, b0, recipe, states=states)
     y.backward(dy.to(y.dtype))
     xd, wd = x0.double(), w0.double()
     truth = {"fwd": xd @ wd.T + b0.double(), "dgrad": dy.double() @ wd, "wgrad": dy.double().T @ xd,
@@ -85,9 +102,10 @@ def check_linear(backend: Any, recipe: Recipe, gen: torch.Generator, numerics: A
     for direction, ref in truth.items():
         if got[direction] is None or not got[direction].abs().sum():
             raise NumericsError(f"{direction} of recipe {recipe.name} is missing or all zero")
-        _snr(numerics, got[direction].double(), ref, thresholds.BGRAD_FLOOR_DB if direction == "bgrad" else floor,
+        _snr(numerics, got[direction].double(), ref, thresholds.linear_floor(recipe.name, direction),
              recipe=recipe.name, layer="vs float64 truth", direction=direction, m=_M, n=_N, k=_K)
-    rx, rw, _, ry = _linear(_Reference(), x0, w0, b0, recipe)
+    ref_states = warmed_states(linear_of(_Reference()), recipe, x0, w0, b0, dy)
+    rx, rw, _, ry = _linear(_Reference(), x0, w0, b0, recipe, states=ref_states)
     ry.backward(dy.to(ry.dtype))
     for direction, ref in (("fwd", ry), ("dgrad", rx.grad), ("wgrad", rw.grad)):
         # Same quantized operands: only accumulation order and the output rounding may differ.
@@ -101,7 +119,7 @@ def check_weight_change(backend: Any, recipe: Recipe, gen: torch.Generator, nume
     linear = linear_of(backend)
     if linear is None:
         return NO_LINEAR
-    x, w, b = _inputs(gen, _device(backend))
+    x, w, b, _ = _inputs(gen, _device(backend), recipe)
     with torch.no_grad():
         y1 = linear(x, w, b, recipe)
         y2 = linear(x, w * 2, b, recipe)
@@ -115,7 +133,7 @@ def check_repeatable(backend: Any, recipe: Recipe, gen: torch.Generator, numeric
     """Repeat calls are bit-identical (recipes without SR; SR recipes with the same seed)."""
     if linear_of(backend) is None:
         return NO_LINEAR
-    x, w, b = _inputs(gen, _device(backend))
+    x, w, b, _ = _inputs(gen, _device(backend), recipe)
     outs = [_linear(backend, x, w, b, recipe, seed=7)[3].detach() for _ in range(2)]
     _bitwise(numerics, outs[1], outs[0], recipe=recipe.name, layer="repeat call", direction="fwd")
     return None
@@ -126,7 +144,7 @@ def check_nan_propagates(backend: Any, recipe: Recipe, gen: torch.Generator, num
     linear = linear_of(backend)
     if linear is None:
         return NO_LINEAR
-    x, w, b = _inputs(gen, _device(backend))
+    x, w, b, _ = _inputs(gen, _device(backend), recipe)
     x[3, 5] = float("nan")
     with torch.no_grad():
         y = linear(x, w, b, recipe)
@@ -140,7 +158,7 @@ def check_shapes(backend: Any, recipe: Recipe, gen: torch.Generator, numerics: A
     linear = linear_of(backend)
     if linear is None:
         return NO_LINEAR
-    x, w, b = _inputs(gen, _device(backend))
+    x, w, b, _ = _inputs(gen, _device(backend), recipe)
     with torch.no_grad():
         y3 = linear(x.view(2, _M // 2, _K), w, b, recipe)
         y2 = linear(x, w, b, recipe)

@@ -10,7 +10,6 @@ import torch
 from mxcheck.assertions import NumericsError
 from mxcheck.conformance._common import (
     _ALLOWED_ERRORS,
-    LINEAR_SNR_FLOORS,
     SAME_OPERANDS_FLOOR_DB,
     _assert_in_bound,
     _device,
@@ -22,6 +21,7 @@ from mxcheck.conformance._common import (
     linear_of,
 )
 from mxcheck.recipes import Recipe
+from mxcheck.thresholds import linear_floor
 
 # name -> (M, N, K, where it comes from). Linear shapes (M tokens, N out, K in); the linear
 # path also runs dgrad (contracting N) and wgrad (contracting M). Dims that are not the edge
@@ -93,11 +93,12 @@ def _edge_linear(backend: Any, recipe: Recipe, gen: torch.Generator, numerics: A
     except ValueError:  # the oracle refuses the shape; the backend computed: hold it to float64 truth
         xd, wd = x0.double(), w0.double()
         ref = {"fwd": xd @ wd.T + b0.double(), "dgrad": dy.double() @ wd, "wgrad": dy.double().T @ xd}
-        floor, layer = LINEAR_SNR_FLOORS.get(recipe.name, 10.0), "vs float64 truth"
+        floor, layer = None, "vs float64 truth"  # linear_floor: no floor is an error
     for direction, r in ref.items():
         if got[direction] is None:
             raise NumericsError(f"linear of recipe {recipe.name} at M={m} N={n} K={k} gave no {direction}")
-        _snr(numerics, got[direction].double(), r.double(), floor, recipe=recipe.name,
+        _snr(numerics, got[direction].double(), r.double(), floor or linear_floor(recipe.name, direction),
+             recipe=recipe.name,
              layer=f"edge {name}: {layer}", direction=direction, m=m, n=n, k=k)
     return "correct"
 

@@ -16,6 +16,7 @@ from mxcheck.conformance._common import (
     _device,
     _fwd_operands,
     _oracle_pair,
+    fresh_state,
     gemm_out_dtype,
     linear_of,
 )
@@ -100,10 +101,10 @@ def check_poison_padding(backend: Any, recipe: Recipe, gen: torch.Generator, num
     if hasattr(backend, "quantize"):
         for name, t in (("x_row", x), ("w_row", w)):
             spec = recipe.spec(name)
-            ours = quantize_operand(t, spec)
+            ours = quantize_operand(t, spec, **fresh_state(recipe, name))
             try:
                 with _poisoned_empty(dev, 0xFF):
-                    theirs = backend.quantize(t, spec)
+                    theirs = backend.quantize(t, spec, **fresh_state(recipe, name))
             except _ALLOWED_ERRORS as e:
                 return f"backend quantize refuses {name} {tuple(t.shape)}: {e}"
             for field in ("codes", "scales", "block_scales", "scale_inv"):

@@ -88,7 +88,8 @@ def quantize_model(model: nn.Module, recipe: str | Recipe, backend: Any = "emula
     recipe = get_recipe(recipe)
     backend = backends.get(backend) if isinstance(backend, str) else backend
     if not (hasattr(backend, "linear") or hasattr(backend, "gemm")):
-        raise ValueError(f"backend {backend.name} has neither linear nor gemm; it cannot run a linear")
+        raise TypeError(f"backend={backend!r} ({type(backend).__name__}) has neither linear nor gemm; expected "
+                        f"a backend name (one of {sorted(backends.registered())}) or a Backend object")
     ok, why = backend.supports(recipe)
     if not ok:
         raise ValueError(f"backend {backend.name} does not support recipe {recipe.name}: {why}")

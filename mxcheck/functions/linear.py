@@ -273,5 +273,16 @@ def quant_linear(
     ``gemm``: run the three GEMMs with this function (a backend's ``gemm``) on the operands
     quantized here; None runs the oracle's ``emulated_gemm``.
     """
+    if not isinstance(layer, str):
+        raise TypeError(f"layer={layer!r} ({type(layer).__name__}); expected a str naming the linear "
+                        "(e.g. 'double_blocks.0.img_mlp.0')")
+    for name, t in (("x", x), ("weight", weight)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"layer {layer}: {name}={t!r} ({type(t).__name__}); expected a torch.Tensor")
+    if bias is not None and not isinstance(bias, torch.Tensor):
+        raise TypeError(f"layer {layer}: bias={bias!r} ({type(bias).__name__}); expected a torch.Tensor or None")
+    if gemm is not None and not callable(gemm):
+        raise TypeError(f"layer {layer}: gemm={gemm!r} ({type(gemm).__name__}); expected a callable "
+                        "gemm(a, b, *, out_dtype, bias=None) (a backend's gemm) or None")
     return QuantLinearFunction.apply(x, weight, bias, get_recipe(recipe), layer, generator, states,
                                      fuse_wgrad_into_main_grad, gemm)

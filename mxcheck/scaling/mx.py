@@ -8,6 +8,7 @@ import torch
 
 from mxcheck.formats import (
     FloatFormat,
+    check_bool,
     check_float_tensor,
     check_rounding,
     decode_table,
@@ -181,6 +182,11 @@ def _check_element_format(fmt: str | FloatFormat) -> FloatFormat:
 
 
 def _check_block_args(x, block_size, block_2d, zero_scale, pad_to, axis) -> None:
+    check_bool(block_2d, "block_2d")
+    # bool is an int: zero_scale=True would be byte 1 and pad_to=True a pad to 1
+    for name, v in (("zero_scale", zero_scale), ("pad_to", pad_to)):
+        if isinstance(v, bool):
+            raise TypeError(f"{name}={v!r}; expected an int ({'an E8M0 byte in [0, 254]' if name == 'zero_scale' else 'a positive multiple of block_size, or None'})")
     if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
         raise ValueError(f"block_size={block_size!r}; expected a positive int (32 for MX, 16 for NVFP4)")
     if not isinstance(zero_scale, int) or not 0 <= zero_scale <= 254:

@@ -9,20 +9,20 @@ import torch
 from mxcheck.assertions import NumericsError
 from mxcheck.backends.emulated import EmulatedBackend
 from mxcheck.backends.known_bad import KNOWN_BAD
-from mxcheck.conformance import EDGE_SHAPES, LINEAR_SNR_FLOORS, edge_shape_outcome
+from mxcheck.conformance import EDGE_SHAPES, edge_shape_outcome
 from mxcheck.flux import flux_linear_shapes, unique_gemms
-from mxcheck.recipes import RECIPES
+from mxcheck.recipes import DERIVED_RECIPES, RECIPES, get_recipe
 
 pytestmark = pytest.mark.emulated
 
 
 @pytest.mark.parametrize("name", sorted(EDGE_SHAPES))
-@pytest.mark.parametrize("recipe", sorted(LINEAR_SNR_FLOORS))
+@pytest.mark.parametrize("recipe", sorted(RECIPES) + sorted(DERIVED_RECIPES))
 def test_edge_shape_is_correct_or_a_clear_error(backend, recipe, name, gen, numerics):
-    ok, why = backend.supports(RECIPES[recipe])
+    ok, why = backend.supports(get_recipe(recipe))
     if not ok:
         pytest.skip(f"backend {backend.name} does not support {recipe}: {why}")
-    outcome = edge_shape_outcome(backend, RECIPES[recipe], name, gen, numerics)
+    outcome = edge_shape_outcome(backend, get_recipe(recipe), name, gen, numerics)
     if not outcome or all(o.startswith("n/a") for o in outcome.values()):
         pytest.skip(f"{name}: nothing to run on backend {backend.name}: {outcome}")
     assert all(o == "correct" or o.startswith(("raised: ", "n/a: ")) for o in outcome.values()), outcome

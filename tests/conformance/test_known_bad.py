@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
+from mxcheck.assertions import NumericsError
 from mxcheck.backends.emulated import EmulatedBackend
 from mxcheck.backends.known_bad import KNOWN_BAD
-from mxcheck.conformance import run_checks
+from mxcheck.conformance import CHECKS, run_checks
 from mxcheck.recipes import RECIPES
 
 pytestmark = pytest.mark.emulated
@@ -20,6 +22,9 @@ EXPECTED = {
     "bad-nan-to-zero": ("fp8", "nan"),
     "bad-drops-bias": ("mxfp8", "linear"),
     "bad-k-mod-256": ("mxfp4", "edge_shapes"),
+    "bad-half-away": ("mxfp4", "quantize"),
+    "bad-trunc": ("mxfp4", "quantize"),
+    "bad-log2-scale": ("mxfp4", "quantize"),
 }
 
 
@@ -38,3 +43,25 @@ def test_known_bad_backend_fails_the_check_its_bug_breaks(name):
 def test_the_emulated_backend_passes_the_same_checks(recipe):
     results = run_checks(EmulatedBackend(), RECIPES[recipe])
     assert all(r == "ok" or r.startswith("skipped") for r in results.values()), results
+
+
+# Rounding swaps show on bf16 inputs alone (float32-free evidence: the "bf16" input of
+# check_quantize is bf16 midpoints, Gaussians and zeros). Not MXFP6: its bf16-normalised
+# 32-point rotation (181/1024) makes an exact tie impossible after the rotation, so RNE
+# and half-away agree there on every input whose rotation is exact in float32.
+@pytest.mark.parametrize("recipe", ["mxfp4", "mxfp8", "nvfp4", "fp8", "fp8-hybrid", "fp8-delayed"])
+@pytest.mark.parametrize("bug", ["bad-half-away", "bad-trunc"])
+def test_a_rounding_swap_fails_quantize_on_bf16_inputs(bug, recipe):
+    with pytest.raises(NumericsError, match=r"x_row\.codes \(bf16 input\)"):
+        CHECKS["quantize"](KNOWN_BAD[bug](), RECIPES[recipe], torch.Generator().manual_seed(0))
+
+
+def test_truncation_fails_quantize_on_mxfp6_too():
+    with pytest.raises(NumericsError, match=r"\(bf16 input\)"):
+        CHECKS["quantize"](KNOWN_BAD["bad-trunc"](), RECIPES["mxfp6"], torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize("recipe", ["mxfp4", "mxfp8"])  # scale rules even and rceil
+def test_a_float32_log2_block_exponent_fails_quantize_on_the_amax_input(recipe):
+    with pytest.raises(NumericsError, match=r"x_row\.codes \(amax input\)"):
+        CHECKS["quantize"](KNOWN_BAD["bad-log2-scale"](), RECIPES[recipe], torch.Generator().manual_seed(0))

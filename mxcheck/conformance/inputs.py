@@ -1,0 +1,179 @@
+"""Conformance inputs that look like training tensors and sit where kernels differ.
+
+``randn`` float32 almost never lands on a rounding midpoint or next to a power of two, so
+a backend that rounds ties the wrong way, or takes a block exponent from a float32
+``log2``, passes a randn suite. These tensors are bf16-valued (what training tensors
+hold) and built from 32x32 tiles, each of one kind:
+
+- ``mid``: a quarter of the elements are exact midpoints of the operand's element grid
+  (ties for RNE vs half-away vs truncation), the rest bf16 Gaussian values, and the tile's
+  amax on both diagonals, so every 1x32, 32x1, 1x16, 16x1, 16x16 and 32x32 block holds it.
+  The amax is a power of two times the format's anchor (MX: 2**emax, which every scale
+  rule maps to the same exponent; NVFP4: 6 with a tensor amax of 6 * 448 * 2**j; FP8
+  tensor/delayed scaling: the format's max with that as the tensor amax), so every scale
+  is a power of two and a midpoint stays a midpoint after scaling;
+- ``randn``: bf16 Gaussian values with a few 8x outliers; ``zero``: an all-zero block;
+- ``amax``: float32 values whose amax sits exactly at, one ulp above, or 1-4 ulps below a
+  scale-rule boundary (2**p for floor/ceil, 2**p (1 - 2**-(mbits+2)) for even, max * 2**k
+  for rceil) across the exponent range, plus subnormal amaxes (where a float32 ``log2``
+  lands a binade off, DESIGN.md "Scale rules");
+- ``special`` (only when asked, for quantize checks): a single +Inf, -Inf or NaN.
+
+Rotated operands (Hadamard) mix the tile before rounding, so their midpoints are not
+exact; the unrotated copies of the same tensors carry them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mxcheck.formats import decode_table, get_format
+from mxcheck.recipes import OperandSpec
+
+__all__ = ["TILE", "amax_boundaries", "grid_midpoints", "training_like"]
+
+TILE = 32
+_E4M3_MAX = 448.0  # NVFP4's block scale format (ue4m3) max: tensor amax = 6 * 448 * 2**j
+# Exponents of the amax tiles: the whole float32 range for quantize checks, a moderate
+# range for linear checks (whose float32 GEMMs must not overflow or flush everything).
+WIDE_POWERS = (-126, -100, -64, -20, -7, -3, -1, 0, 1, 3, 7, 20, 64, 100, 126)
+LINEAR_POWERS = (-7, -3, 0, 3, 7)
+_SPECIALS = (float("inf"), float("-inf"), float("nan"))
+_SUBNORMAL_AMAXES = (2.0**-149 * 3, 2.0**-133, 2.0**-130, 2.0**-127 * 1.5)
+
+
+def grid_midpoints(fmt: str) -> torch.Tensor:
+    """float64 midpoints between consecutive non-negative finite values of ``fmt``."""
+    v = decode_table(get_format(fmt)).double()
+    v = torch.unique(v[torch.isfinite(v) & (v >= 0)])  # sorted
+    return (v[1:] + v[:-1]) / 2
+
+
+def _step(a: torch.Tensor, ulps: int) -> torch.Tensor:
+    """a (positive float32) moved by ``ulps`` units in the last place (through its bits)."""
+    return (a.view(torch.int32) + ulps).view(torch.float32)
+
+
+def amax_boundaries(fmt: str, powers: tuple[int, ...]) -> list[torch.Tensor]:
+    """Groups of float32 amaxes: at, one ulp above and 1, 2, 4 ulps below each scale-rule
+    boundary near 2**p; then each "1 ulp below" alone (the amax of a whole 2D tile); then
+    the subnormal amaxes."""
+    f = get_format(fmt)
+    groups, below = [], []
+    for p in powers:
+        for b in (2.0**p, 2.0**p * (1 - 2.0 ** -(f.mbits + 2)), f.max * 2.0 ** (p - f.emax)):
+            t = torch.tensor(b, dtype=torch.float32)
+            if torch.isfinite(t) and t != 0:
+                groups.append(torch.stack([t, _step(t, 1), *(_step(t, -j) for j in (1, 2, 4))]))
+                below.append(_step(t, -1).reshape(1))
+    return groups + below + [torch.tensor(_SUBNORMAL_AMAXES, dtype=torch.float32)]
+
+
+def _anchors(spec: OperandSpec) -> tuple[float, float | None, int]:
+    """(tile amax at 2**0, tensor amax or None, largest tile exponent)."""
+    fmt = get_format(spec.fmt)
+    if spec.scaling == "mx":
+        return 2.0**fmt.emax, None, 6
+    if spec.scaling == "nvfp4":
+        return fmt.max, fmt.max * _E4M3_MAX, 6  # block scales 2**k stay inside ue4m3
+    if spec.scaling == "none":
+        return 1.0, None, 6
+    return fmt.max, fmt.max, 0  # FP8 tensor/delayed: scale = max / amax = 1
+
+
+def _bf16(t: torch.Tensor) -> torch.Tensor:
+    return t.to(torch.bfloat16).to(torch.float32)
+
+
+def _diagonals() -> torch.Tensor:
+    i = torch.arange(TILE)
+    mask = torch.zeros(TILE, TILE, dtype=torch.bool)
+    mask[i, i] = True
+    mask[i, (i + TILE // 2) % TILE] = True
+    return mask
+
+
+def _mid_tile(gen: torch.Generator, anchor: float, mids: torch.Tensor) -> torch.Tensor:
+    t = _bf16((torch.randn(TILE, TILE, generator=gen) / 3).clamp(-1, 1) * anchor)
+    pick = torch.rand(TILE, TILE, generator=gen) < 0.25
+    m = mids[torch.randint(0, len(mids), (TILE, TILE), generator=gen)].float()
+    sign = torch.where(torch.rand(TILE, TILE, generator=gen) < 0.5, -1.0, 1.0)
+    t = torch.where(pick, sign * m, t)
+    return torch.where(_diagonals(), torch.where(sign > 0, anchor, -anchor), t)
+
+
+def _randn_tile(gen: torch.Generator, anchor: float) -> torch.Tensor:
+    t = torch.randn(TILE, TILE, generator=gen) * anchor / 4
+    outliers = torch.rand(TILE, TILE, generator=gen) < 1 / 64
+    return _bf16(torch.where(outliers, t * 8, t))
+
+
+def _amax_tile(gen: torch.Generator, amaxes: torch.Tensor) -> torch.Tensor:
+    # Row r's amax is amaxes[r % len], on its two diagonal elements (one per 16-block) with
+    # random signs; the other values are bf16 well under it (scaled in float32, so a
+    # subnormal amax stays exact).
+    row_amax = amaxes[torch.arange(TILE) % len(amaxes)].unsqueeze(1)
+    t = _bf16((torch.randn(TILE, TILE, generator=gen) / 4).clamp(-0.5, 0.5)) * amaxes.min()
+    sign = torch.where(torch.rand(TILE, TILE, generator=gen) < 0.5, -1.0, 1.0)
+    return torch.where(_diagonals(), sign * row_amax, t)
+
+
+def _special_tile(gen: torch.Generator, anchor: float, value: float) -> torch.Tensor:
+    t = _randn_tile(gen, anchor)
+    t[int(torch.randint(0, TILE, (), generator=gen)), int(torch.randint(0, TILE, (), generator=gen))] = value
+    return t
+
+
+def _tile(kind: str, arg: object, gen: torch.Generator, anchor: float, mids: torch.Tensor) -> torch.Tensor:
+    if kind == "mid":
+        return _mid_tile(gen, anchor, mids)
+    if kind == "randn":
+        return _randn_tile(gen, anchor)
+    if kind == "amax":
+        return _amax_tile(gen, arg)
+    if kind == "special":
+        return _special_tile(gen, anchor, arg)
+    return torch.zeros(TILE, TILE)
+
+
+def training_like(gen: torch.Generator, rows: int, cols: int, spec: OperandSpec, *,
+                  powers: tuple[int, ...] | None = LINEAR_POWERS, specials: bool = False) -> torch.Tensor:
+    """A float32 (rows, cols) tensor of tiles as the module docstring says, for ``spec``.
+
+    rows and cols are multiples of 32. ``powers``: exponents of the amax tiles (for MX;
+    for tensor-scaled formats those above 0 are dropped, to stay under the tensor amax);
+    None: no amax tiles, so every value is a bf16 value. ``specials``: add
+    Inf/NaN tiles (quantize checks only: a linear's SNR means nothing with them).
+    """
+    if rows % TILE or cols % TILE:
+        raise ValueError(f"rows={rows}, cols={cols}: training_like builds {TILE}x{TILE} tiles; "
+                         f"expected multiples of {TILE}")
+    tile_anchor, tensor_amax, kmax = _anchors(spec)
+    mids = grid_midpoints(spec.fmt if spec.scaling != "none" else "e4m3")
+    mids = mids[mids <= tile_anchor]
+    # Scale everything but the amax tiles by a power of two to a typical magnitude ~1 (the
+    # amax tiles keep their float32 values: 2**126 must not overflow, 2**-149 not vanish).
+    norm = 2.0 ** -round(float(torch.log2(torch.tensor(tile_anchor))))
+    tile_anchor, mids = tile_anchor * norm, mids * norm
+    tensor_amax = None if tensor_amax is None else tensor_amax * norm
+    # Tensor-scaled formats: amax tiles under the tensor amax, so they do not move its scale.
+    amaxes = [] if powers is None else amax_boundaries(
+        spec.fmt if spec.scaling != "none" else "e4m3",
+        powers if tensor_amax is None else tuple(p for p in powers if p <= 0))
+    n_tiles = (rows // TILE) * (cols // TILE)
+    kinds = [("amax", a) for a in amaxes] + [("special", v) for v in (_SPECIALS if specials else ())]
+    if len(kinds) + 2 > n_tiles:
+        raise ValueError(f"a {rows}x{cols} tensor holds {n_tiles} tiles, too few for {len(kinds)} amax and "
+                         "special tiles plus a zero and a midpoint tile")
+    kinds += [("zero", None)] + [("mid", None), ("randn", None), ("mid", None)] * n_tiles
+    order = torch.randperm(n_tiles, generator=gen).tolist()
+    out = torch.empty(rows, cols)
+    for slot, (kind, arg) in zip(order, kinds[:n_tiles], strict=True):
+        k = int(torch.randint(-6, kmax + 1, (), generator=gen))
+        tile = _tile(kind, arg, gen, tile_anchor * 2.0**k, mids * 2.0**k)
+        r, c = divmod(slot, cols // TILE)
+        out[r * TILE:(r + 1) * TILE, c * TILE:(c + 1) * TILE] = tile
+    if tensor_amax is not None:
+        out = torch.where(out.isfinite() & (out.abs() > tensor_amax), out.sign() * tensor_amax, out)
+        out[0, 0] = tensor_amax  # one outlier sets the tensor scale to a power of two
+    return out
