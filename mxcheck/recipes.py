@@ -125,6 +125,8 @@ _E5M2_T = OperandSpec("e5m2", "tensor", scale_formula="primus_turbo")
 _E4M3_T = OperandSpec("e4m3", "tensor", scale_formula="primus_turbo")
 _NVFP4 = OperandSpec("e2m1", "nvfp4", block_size=16)
 _E4M3_ROW_POW2 = OperandSpec("e4m3", "row", scale_formula="te", power_of_2=True)
+_E4M3_B1 = OperandSpec("e4m3", "block1x128", scale_formula="te", power_of_2=True)
+_E4M3_B2 = OperandSpec("e4m3", "block128x128", scale_formula="te", power_of_2=True)
 
 RECIPES: dict[str, Recipe] = {r.name: r for r in (
     Recipe("mxfp4", x_row=_MXFP4, w_row=_MXFP4_W, g_row=_MXFP4, w_col=_MXFP4_W, g_col=_MXFP4_WGRAD,
@@ -152,6 +154,14 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
            w_col=replace(_NVFP4, block_2d=True), g_col=replace(_NVFP4, rounding="sr", hadamard="h16_te"),
            x_col=replace(_NVFP4, hadamard="h16_te"),
            source="TE NVFP4BlockScaling: 2D 16x16 weights, RHT on the wgrad pair, SR on gradients"),
+    Recipe("fp8-block", x_row=_E4M3_B1, w_row=_E4M3_B2, g_row=_E4M3_B1, w_col=_E4M3_B2, g_col=_E4M3_B1,
+           x_col=_E4M3_B1,
+           source="TE Float8BlockScaling (common/recipe/__init__.py): x_block_scaling_dim=1, "
+                  "w_block_scaling_dim=2, grad_block_scaling_dim=1, power-of-2 scales, e4m3",
+           notes=("1x128 blocks along the contraction axis for x and dY, 128x128 for W; scales are "
+                  "powers of two (TE's default use_f32_scales=False)",
+                  "TE 2.20.2's quantizers give these codes and scales bit for bit on an H200 "
+                  "(references/baselines/h200/probes/te_fp8_probe.log)")),
     # Derived recipes: what torchao's linears compute, where no recipe above matches them.
     Recipe("mxfp4-1x32", **_all(OperandSpec("e2m1", "mx", scale_rule="even")),
            source="torchao 0.18 prototype/moe_training/mxfp8_linear.py::mx_mm with float4_e2m1fn_x2 and "

@@ -91,6 +91,8 @@ LINEAR_SNR_FLOORS: dict[str, Floor] = {
                                "24.5 (26.6 on conformance inputs); anchors e4m3 > 25, e5m2 > 20", bwd=20.0),
     "mxfp4-1x32": Floor(10.0, "measured 16.0-19.0 dB (1x32 even blocks, no rotation)"),
     "fp8-rowwise": Floor(25.0, "measured 28.5-31.5 dB (rowwise e4m3, power-of-2 scales)"),
+    "fp8-block": Floor(25.0, "measured 28.5-31.5 dB on an H200 (TE Float8BlockScaling, 256x256x512); "
+                              "anchor e4m3 > 25"),
 }
 BGRAD_FLOOR_DB = 35.0  # a float32 column sum of the unquantized dY: measured 55 dB; anchor > 35
 # Same quantized operands as the reference Function: only accumulation order and output
@@ -103,7 +105,7 @@ DESIGN_ANCHORS_DB: dict[str, float] = {"e2m1": 10.0, "e2m3": 24.0, "e4m3": 25.0,
 # recipe -> the anchor of its least precise quantized format (e3m2 has no DESIGN anchor).
 RECIPE_ANCHOR_FORMATS = {"mxfp4": "e2m1", "mxfp4-fp8bwd": "e2m1", "mxfp6": "e2m3", "fp8": "e4m3",
                          "fp8-hybrid": "e5m2", "fp8-delayed": "e5m2", "mxfp8": "e4m3", "nvfp4": "e2m1",
-                         "mxfp4-1x32": "e2m1", "fp8-rowwise": "e4m3"}
+                         "mxfp4-1x32": "e2m1", "fp8-rowwise": "e4m3", "fp8-block": "e4m3"}
 DERIVED_SUFFIX = "+sr"  # recipes.Recipe.with_gradient_sr: judged against the base recipe's floor
 
 

@@ -273,7 +273,7 @@ def test_fused_wgrad_refuses_a_float32_main_grad_naming_layer_and_dtype(gen):
 
 @pytest.mark.parametrize("recipe", [r for r in RECIPES if is_fp8_backward(RECIPES[r])])
 def test_fused_wgrad_refuses_an_fp8_backward(recipe, gen):
-    assert recipe in ("mxfp4-fp8bwd", "fp8", "fp8-hybrid", "fp8-delayed", "fp8-rowwise")
+    assert recipe in ("mxfp4-fp8bwd", "fp8", "fp8-hybrid", "fp8-delayed", "fp8-rowwise", "fp8-block")
     x, w, b, _ = inputs(gen)
     with pytest.raises(ValueError, match=rf"layer proj: recipe {recipe} has an FP8 backward"):
         quant_linear(x, with_main_grad(w), b, recipe, layer="proj", fuse_wgrad_into_main_grad=True,

@@ -143,11 +143,12 @@ def _fake_te(calls: list, *, new_autocast: bool = True) -> dict[str, ModuleType]
     rec = ModuleType("transformer_engine.common.recipe")
     pt = ModuleType("transformer_engine.pytorch")
     rec.Format = Enum("Format", ["E4M3", "E5M2", "HYBRID", "E2M1"])
-    for name in ("DelayedScaling", "Float8CurrentScaling", "MXFP8BlockScaling", "NVFP4BlockScaling"):
+    for name in ("DelayedScaling", "Float8CurrentScaling", "Float8BlockScaling", "MXFP8BlockScaling",
+                 "NVFP4BlockScaling"):
         setattr(rec, name, type(name, (_Recipe,), {}))
     active: list = []
     # what the fake computes with: the mxcheck recipe the TE recipe stands for
-    compute = {"DelayedScaling": "fp8-hybrid", "Float8CurrentScaling": "fp8-hybrid",
+    compute = {"DelayedScaling": "fp8-hybrid", "Float8CurrentScaling": "fp8-hybrid", "Float8BlockScaling": "fp8-block",
                "MXFP8BlockScaling": "mxfp8", "NVFP4BlockScaling": "nvfp4"}
 
     class Linear(torch.nn.Module):
@@ -206,6 +207,7 @@ def test_te_supports_its_four_recipes(monkeypatch):
                                        "amax_compute_algo": "max"}),
     ("fp8-hybrid", "Float8CurrentScaling", {"fp8_format": "HYBRID"}),
     ("fp8", "Float8CurrentScaling", {"fp8_format": "E4M3"}),
+    ("fp8-block", "Float8BlockScaling", {"fp8_format": "E4M3"}),
     ("mxfp8", "MXFP8BlockScaling", {"fp8_format": "E4M3"}),
     ("nvfp4", "NVFP4BlockScaling", {}),
 ])

@@ -7,6 +7,8 @@ Recipe map (``transformer_engine/common/recipe/__init__.py``):
 * FP8 tensorwise current scaling (``fp8``, ``fp8-hybrid``) -> ``Float8CurrentScaling(
   fp8_format=Format.E4M3 | Format.HYBRID)``. TE's scale is ``fp8_max / amax`` (1.0 for a
   zero amax), which equals Primus-Turbo's ``fp8_max / max(amax, 1e-12)`` for amax >= 1e-12;
+* ``fp8-block`` -> ``Float8BlockScaling(fp8_format=Format.E4M3)`` (1x128 x and dY, 128x128 W,
+  power-of-2 scales; sm90);
 * ``mxfp8`` -> ``MXFP8BlockScaling(fp8_format=Format.E4M3)`` (sm100);
 * ``nvfp4`` -> ``NVFP4BlockScaling()`` (sm100).
 
@@ -87,13 +89,15 @@ def te_recipe_args(recipe: Recipe | str) -> tuple[str, dict[str, Any], tuple[int
         if any(r.spec(op).margin or r.spec(op).power_of_2 for op in OPERANDS):
             return f"recipe {r.name} sets margin / power_of_2, which Float8CurrentScaling is not given here"
         return "Float8CurrentScaling", {"fp8_format": fmt}, MIN_CAPABILITY
+    if all(r.spec(op) == RECIPES["fp8-block"].spec(op) for op in OPERANDS):
+        return "Float8BlockScaling", {"fp8_format": "E4M3"}, MIN_CAPABILITY
     mxfp8 = RECIPES["mxfp8"]
     if all(r.spec(op) == mxfp8.spec(op) for op in OPERANDS):
         return "MXFP8BlockScaling", {"fp8_format": "E4M3"}, SM100
     nvfp4 = RECIPES["nvfp4"]
     if all(r.spec(op) == nvfp4.spec(op) for op in OPERANDS):
         return "NVFP4BlockScaling", {}, SM100
-    return (f"recipe {r.name} is none of TE's DelayedScaling (fp8-delayed), Float8CurrentScaling (FP8 "
+    return (f"recipe {r.name} is none of TE's DelayedScaling (fp8-delayed), Float8BlockScaling (fp8-block), Float8CurrentScaling (FP8 "
             "tensorwise, e4m3 forward), MXFP8BlockScaling (mxfp8) or NVFP4BlockScaling (nvfp4) as mxcheck "
             "models them")
 

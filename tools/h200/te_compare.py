@@ -19,12 +19,7 @@ from mxcheck.formats import encode
 from mxcheck.functions import make_delayed_states, quant_linear
 from mxcheck.recipes import RECIPES, OperandSpec, Recipe
 
-# TE Float8BlockScaling defaults (common/recipe/__init__.py): 1x128 x and grad, 128x128 w,
-# power-of-2 scales (use_f32_scales False), split accumulator in all three GEMMs.
-_B1 = OperandSpec("e4m3", "block1x128", power_of_2=True)
-_B2 = OperandSpec("e4m3", "block128x128", power_of_2=True)
-FP8_BLOCK = Recipe("fp8-block", x_row=_B1, w_row=_B2, g_row=_B1, w_col=_B2, g_col=_B1, x_col=_B1,
-                   source="TE Float8BlockScaling: 1x128 x and dY, 128x128 W, power-of-2 scales")
+FP8_BLOCK = RECIPES["fp8-block"]  # TE Float8BlockScaling, as mxcheck.recipes models it
 _E4M3_TE = OperandSpec("e4m3", "tensor", scale_formula="te")
 _E5M2_TE = OperandSpec("e5m2", "tensor", scale_formula="te")
 # mxcheck recipes as TE runs them: TE's scale formula (fp8_max / amax in float32, no eps clamp).
