@@ -120,15 +120,20 @@ DELAYED_STEPS = 3  # a delayed-scaling recipe runs this many steps; the last one
 
 
 def _run_linear(t: dict[str, torch.Tensor], recipe: Recipe, layer: str, gemm: Any,
-                seed: int) -> dict[str, torch.Tensor]:
+                seed: int, linear: Callable[..., torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """One step, or for a delayed-scaling recipe DELAYED_STEPS steps on fresh amax
-    histories (the first step runs at scale 1); the last step's results."""
+    histories (the first step runs at scale 1); the last step's results. ``linear``: a
+    backend's own whole linear (TransformerEngine, torchao), else the reference Function
+    with ``gemm``."""
     states = make_delayed_states(recipe) if any(recipe.spec(op).scaling == "delayed" for op in OPERANDS) else None
     for _ in range(DELAYED_STEPS if states else 1):
         x, w, b = (t[name].detach().clone().requires_grad_(True) for name in ("x", "w", "b"))
         gen = torch.Generator().manual_seed(seed)  # the same SR bits for backend and reference
-        y = quant_linear(x, w, b, recipe, layer=layer, generator=gen, gemm=gemm, states=states)
-        y.backward(t["dy"])
+        if linear is not None:
+            y = linear(x, w, b, recipe, **({"states": states} if states else {}))
+        else:
+            y = quant_linear(x, w, b, recipe, layer=layer, generator=gen, gemm=gemm, states=states)
+        y.backward(t["dy"].to(y.dtype))
     return {"fwd": y.detach(), "dgrad": x.grad, "wgrad": w.grad, "bgrad": b.grad}
 
 
@@ -194,8 +199,9 @@ def run_sweep(model: str = "flux-12b", recipes: Sequence[str] = DEFAULT_RECIPES,
                 skipped.append({"test_id": f"{TEST_ID}::{recipe.name}::{layer}", "reason": str(e)})
                 continue
             hardware = be.name != "emulated"
-            gemm = be.gemm if hardware else None
-            got = _run_linear(t, recipe, layer, gemm, seed)
+            gemm = getattr(be, "gemm", None) if hardware else None
+            linear = be.linear if hardware and gemm is None else None  # a whole-linear backend
+            got = _run_linear(t, recipe, layer, gemm, seed, linear)
             for direction, ref in truth.items():
                 threshold = linear_floor(recipe.name, direction)
                 records.append(_snr_record(case, recipe, be.name, direction, got[direction], ref,

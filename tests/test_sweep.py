@@ -8,6 +8,7 @@ import pytest
 
 from mxcheck.cli import main
 from mxcheck.flux import flux_linear_shapes
+from mxcheck.functions import quant_linear
 from mxcheck.recipes import get_recipe
 from mxcheck.report import Report
 from mxcheck.sweep import pick_backend, run_sweep, sweep_cases
@@ -92,3 +93,39 @@ def test_cli_writes_the_reports(tmp_path, capsys):
     rows = json.loads(capsys.readouterr().out)
     assert len(rows) == 30 and rows[0] == {"layer": "double_blocks.0.img_attn.qkv", "stream": "img",
                                            "direction": "fwd", "m": 256, "n": 9216, "k": 3072}
+
+
+class CheaperRecipeLinear:
+    """A whole-linear backend (no gemm, as TransformerEngine and torchao) that silently runs
+    mxfp4 whatever recipe it is asked for: the sweep must fail it."""
+
+    name = "cheaper-recipe-linear"
+
+    def available(self) -> tuple[bool, str]:
+        return True, ""
+
+    def supports(self, recipe) -> tuple[bool, str]:
+        return True, ""
+
+    def linear(self, x, weight, bias, recipe, **kw):
+        return quant_linear(x, weight, bias, "mxfp4-1x32")
+
+
+def test_a_whole_linear_backend_runs_through_the_sweep():
+    # torchao's MXFP8Linear (emulated kernel, any device) is a linear without a gemm.
+    report = run_sweep("flux-small", ("mxfp8",), "torchao", batch=1, tokens=64)
+    bitwise = [r for r in report.records if r.kind == "bitwise"]
+    assert {r.direction for r in bitwise} == {"fwd", "dgrad", "wgrad"}
+    # dgrad and wgrad are the reference Function's bits; the forward rounds its GEMM to bf16
+    # before adding the bias (pinned in test_torch_backends), about 51 dB from the reference.
+    grads = [r for r in bitwise if r.direction != "fwd"]
+    assert sum(r.mismatches for r in grads) <= 1, [(r.layer, r.direction, r.mismatches) for r in grads]
+    assert all(r.snr_db > 45 for r in bitwise if r.direction == "fwd")
+    assert all(r.passed for r in report.records)
+
+
+def test_a_whole_linear_backend_that_falls_back_to_a_cheaper_recipe_fails_the_sweep():
+    report = run_sweep("flux-small", ("mxfp8",), "tests.test_sweep:CheaperRecipeLinear", batch=1, tokens=64)
+    failed = [r for r in report.records if not r.passed]
+    assert {r.direction for r in failed} >= {"fwd", "dgrad", "wgrad"}
+    assert not any(r.bit_equal for r in report.records if r.kind == "bitwise")

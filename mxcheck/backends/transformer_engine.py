@@ -182,19 +182,27 @@ class TransformerEngineBackend:
             return lambda: autocast(enabled=True, recipe=te_recipe)
         return lambda: te.fp8_autocast(enabled=True, fp8_recipe=te_recipe)
 
-    def _module(self, k: int, n: int, has_bias: bool, r: Recipe, device: torch.device) -> tuple[Any, Any]:
-        key = (k, n, has_bias, r, str(device))
+    def _module(self, k: int, n: int, has_bias: bool, r: Recipe, device: torch.device,
+                states: Any = None) -> tuple[Any, Any]:
+        # A caller's delayed-scaling ``states`` object stands for one amax history: a new
+        # object gets a new te.Linear (a fresh history), the same object keeps TE's.
+        key = (k, n, has_bias, r, str(device), None if states is None else id(states))
         if key not in self._modules:
             import transformer_engine.pytorch as te  # noqa: PLC0415
 
             te_recipe = self.te_recipe(r)
             module = te.Linear(k, n, bias=has_bias, params_dtype=torch.bfloat16, device=device)
-            self._modules[key] = (module, self._autocast(te_recipe))
-        return self._modules[key]
+            self._modules[key] = (module, self._autocast(te_recipe), states)  # states kept alive: ids stay unique
+        module, autocast, _ = self._modules[key]
+        return module, autocast
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-               recipe: Recipe | str) -> torch.Tensor:
-        """``x[..., K] @ weight[N, K]^T + bias`` on te.pytorch.Linear; autograd-capable."""
+               recipe: Recipe | str, states: Any = None) -> torch.Tensor:
+        """``x[..., K] @ weight[N, K]^T + bias`` on te.pytorch.Linear; autograd-capable.
+
+        ``states`` (delayed scaling) names an amax history: TE keeps its own in the module,
+        one module per ``states`` object, so the oracle's fresh state and TE's start together.
+        """
         r = get_recipe(recipe)
         n, k = weight.shape
         if x.shape[-1] != k:
@@ -208,6 +216,6 @@ class TransformerEngineBackend:
             raise ValueError(f"transformer_engine FP8 GEMMs need M, N and K multiples of {TE_FP8_DIM_MULTIPLE} "
                              f"(cuBLASLt leading dimensions); got {', '.join(bad)} (M={m} N={n} K={k}): pad "
                              "the tokens or the layer")
-        module, autocast = self._module(k, n, bias is not None, r, x.device)
+        module, autocast = self._module(k, n, bias is not None, r, x.device, states)
         y = _Bridge.apply(x.reshape(-1, k), weight, bias, module, autocast, r.out_dtype)
         return y.reshape(*x.shape[:-1], n)
