@@ -27,6 +27,7 @@ __all__ = [
     "GEMM_FLOORS",
     "LINEAR_SNR_FLOORS",
     "MIN_MARGIN_DB",
+    "MODEL_FLOORS",
     "QUANTIZE_FLOORS",
     "RECIPE_ANCHOR_FORMATS",
     "SAME_OPERANDS_FLOOR_DB",
@@ -37,6 +38,7 @@ __all__ = [
     "gemm_floor",
     "linear_floor",
     "measure",
+    "model_floor",
     "quantize_floor",
     "threshold_table",
 ]
@@ -49,6 +51,9 @@ class Floor:
     db: float
     reason: str
     bwd: float | None = None  # dgrad/wgrad floor of a linear where the backward has another format
+    # Quantized GEMMs in series whose (independent, equal) noises add: the anchor of one GEMM
+    # less 10 log10(gemms) dB is what the floor answers to (tests/test_thresholds.py).
+    gemms: int = 1
 
 
 # Quantize-dequantize SNR of randn data against float64, keyed "scaling/fmt" (or mode).
@@ -94,6 +99,14 @@ LINEAR_SNR_FLOORS: dict[str, Floor] = {
     "fp8-block": Floor(25.0, "measured 28.5-31.5 dB on an H200 (TE Float8BlockScaling, 256x256x512); "
                               "anchor e4m3 > 25"),
 }
+# Whole layers and models against float64 truth or the unquantized model, keyed "what/recipe".
+MODEL_FLOORS: dict[str, Floor] = {
+    "mlp/mxfp6": Floor(21.0, "fc1 -> GELU -> fc2, two mxfp6 GEMMs in series (256x256x256): measured "
+                             "24.7-25.1 dB over seeds 0..9, 3 dB under one GEMM as two noises add; "
+                             "anchor MXFP6 > 24 less 10 log10(2)", gemms=2),
+    "flux-tiny/mxfp8": Floor(50.0, "quantized flux-tiny (10 linears) against the same bf16 model: measured "
+                                   "60.1-61.9 dB over model seeds 0..3; a wrong scale costs tens of dB"),
+}
 BGRAD_FLOOR_DB = 35.0  # a float32 column sum of the unquantized dY: measured 55 dB; anchor > 35
 # Same quantized operands as the reference Function: only accumulation order and output
 # rounding differ (measured 63 dB for torch._scaled_mm FP8 at every Flux 12B shape).
@@ -123,6 +136,14 @@ def gemm_floor(key: str) -> float:
         return GEMM_FLOORS[key].db
     except KeyError:
         raise ValueError(f"no GEMM floor for {key!r}; known: {sorted(GEMM_FLOORS)}") from None
+
+
+def model_floor(key: str) -> float:
+    """The SNR floor of a layer or model, ``"mlp/mxfp6"``, ``"flux-tiny/mxfp8"``."""
+    try:
+        return MODEL_FLOORS[key].db
+    except KeyError:
+        raise ValueError(f"no model floor for {key!r}; known: {sorted(MODEL_FLOORS)}") from None
 
 
 def linear_floor(recipe: str, direction: str = "fwd") -> float:

@@ -4,6 +4,7 @@ operand checks name what is wrong."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -16,9 +17,15 @@ from mxcheck.gemm import (
     mx_fits_bf16,
     quantize_operand,
 )
+from mxcheck.plugin import needs
 from mxcheck.recipes import GEMMS, RECIPES, OperandSpec
 from mxcheck.scaling import MXTensor, mx_quantize
+from mxcheck.scaling.fp8 import FP8Tensor
 from mxcheck.scaling.mx import MX_ELEMENT_FORMATS
+from mxcheck.scaling.nvfp4 import NVFP4Tensor
+
+with needs("ml_dtypes"):
+    import ml_dtypes
 
 pytestmark = pytest.mark.emulated
 
@@ -26,6 +33,9 @@ pytestmark = pytest.mark.emulated
 # by H16 (+) H16) carries rotated values into its padding; every dim tiles the 2D weight
 # blocks (32), NVFP4's 16 and the 32-point Hadamard.
 M, N, K = 96, 64, 160
+# fp8-block's 128x128 weight tiles and its 1x128 blocks along M (the wgrad operands) need
+# every dim a multiple of 128.
+SHAPES = {"fp8-block": (128, 128, 256)}
 U32 = 2.0**-24  # float32 unit roundoff
 U64 = 2.0**-53
 
@@ -38,9 +48,10 @@ def gamma(n: int, u: float) -> float:
 def gemm_operands(recipe_name: str, gemm: str, gen: torch.Generator):
     """The two quantized operands of one of a recipe's GEMMs, from random X, W and dY."""
     recipe = RECIPES[recipe_name]
-    x = torch.randn(M, K, generator=gen).bfloat16()
-    w = (torch.randn(N, K, generator=gen) * K**-0.5).bfloat16()
-    g = (torch.randn(M, N, generator=gen) * 1e-3).bfloat16()
+    m, n, k = SHAPES.get(recipe_name, (M, N, K))
+    x = torch.randn(m, k, generator=gen).bfloat16()
+    w = (torch.randn(n, k, generator=gen) * k**-0.5).bfloat16()
+    g = (torch.randn(m, n, generator=gen) * 1e-3).bfloat16()
     tensors = {"x_row": x, "w_row": w, "g_row": g, "w_col": w.t(), "g_col": g.t(), "x_col": x.t()}
     states = make_delayed_states(recipe)
     a_name, b_name, _ = GEMMS[gemm]
@@ -57,15 +68,63 @@ CASES = [(r, g) for r in RECIPES for g in GEMMS]
 IDS = [f"{r}-{g}" for r, g in CASES]
 
 
+# The witness decode: ml_dtypes reads the element and scale codes, numpy applies the scale
+# rule each format's spec states; nothing below calls mxcheck's dequantize or GEMM path.
+WITNESS_DTYPES = {"e2m1": "float4_e2m1fn", "e2m3": "float6_e2m3fn", "e3m2": "float6_e3m2fn",
+                  "e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2", "e4m3fnuz": "float8_e4m3fnuz",
+                  "e5m2fnuz": "float8_e5m2fnuz", "ue4m3": "float8_e4m3fn", "e8m0": "float8_e8m0fnu"}
+NVFP4_BLOCK = 16
+NVFP4_DECODE = np.float32(1.0 / (6.0 * 448.0))  # TE's fl32(1 / (e2m1 max * e4m3 max))
+
+
+def witness_codes(codes: torch.Tensor, fmt: str) -> np.ndarray:
+    """float64 values of uint8 codes, decoded by ml_dtypes."""
+    return codes.numpy().view(getattr(ml_dtypes, WITNESS_DTYPES[fmt])).astype(np.float64)
+
+
+def blockwise(per_block: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """A per-block array (a block's value at each of its block's rows and columns) spread
+    over ``shape``; a partial last block keeps its block's value."""
+    out = per_block
+    for axis, n in enumerate(shape):
+        out = np.repeat(out, -(-n // out.shape[axis]), axis=axis).take(range(n), axis=axis)
+    return out
+
+
+def witness_dequantize(q) -> np.ndarray:
+    """The float64 operand a GEMM consumes, from the codes alone."""
+    if isinstance(q, PlainTensor):
+        return q.value.double().numpy()
+    if isinstance(q, MXTensor):  # element * 2**(e8m0 - 127), exact in float64
+        return witness_codes(q.codes, q.fmt.name) * blockwise(witness_codes(q.scales, "e8m0"), q.codes.shape)
+    if isinstance(q, NVFP4Tensor):  # e2m1 * fl32(fl32(ue4m3 * amax) * fl32(1/2688)): dequantize_nvfp4.cuh
+        s = witness_codes(q.block_scales, "ue4m3").astype(np.float32)
+        final = (s * q.amax.numpy().astype(np.float32)) * NVFP4_DECODE
+        return (witness_codes(q.codes, "e2m1").astype(np.float32) * blockwise(final, q.codes.shape)).astype(np.float64)
+    if isinstance(q, FP8Tensor):  # fl32(fp8 * scale_inv): TE's dequantize
+        inv = np.broadcast_to(q.scale_inv.numpy().astype(np.float32), (1, 1) if q.scale_inv.ndim == 0 else q.scale_inv.shape)
+        return (witness_codes(q.codes, q.fmt.name).astype(np.float32) * blockwise(inv, q.codes.shape)).astype(np.float64)
+    raise TypeError(f"no witness decode for {type(q).__name__}")
+
+
 @pytest.mark.parametrize(("recipe", "gemm"), CASES, ids=IDS)
-def test_float64_gemm_is_the_float64_product_of_the_dequantized_operands(recipe, gemm, gen, numerics):
+def test_float64_gemm_is_the_float64_product_of_the_witness_decoded_operands(recipe, gemm, gen, numerics):
     a, b = gemm_operands(recipe, gemm, gen)
-    da, db = dequantize_operand(a).double(), dequantize_operand(b).double()
-    exact = da @ db.T
-    got = emulated_gemm(a, b, out_dtype=torch.float64, accumulate=torch.float64)
-    assert exact.abs().sum() > 0  # a non-trivial product (trap 1)
-    numerics.context(recipe=recipe, layer="gemm", direction=gemm, m=da.shape[0],
-                     n=db.shape[0], k=da.shape[1]).bitwise(got, exact)
+    wa, wb = witness_dequantize(a), witness_dequantize(b)
+    k = max(wa.shape[1], wb.shape[1])  # zero padding along K extends the product exactly
+    wa, wb = (np.pad(w, ((0, 0), (0, k - w.shape[1]))) for w in (wa, wb))
+    expected = wa @ wb.T
+    got = emulated_gemm(a, b, out_dtype=torch.float64, accumulate=torch.float64).numpy()
+    assert np.abs(expected).sum() > 0  # a non-trivial product (trap 1)
+    # The codes decode alike (bitwise), so only the two float64 summation orders differ:
+    # |got - expected| <= 2 gamma_K(2^-53) sum_k |a_k||b_k| (Higham 3.1, once per side).
+    da = dequantize_operand(a).double()
+    numerics.context(recipe=recipe, layer="gemm", direction=gemm, m=wa.shape[0], n=wb.shape[0],
+                     k=k).bitwise(da, torch.from_numpy(wa[:, : da.shape[1]]))
+    bound = 2 * gamma(k, U64) * (np.abs(wa) @ np.abs(wb).T)
+    excess = np.abs(got - expected) - bound
+    assert (excess <= 0).all(), (f"{int((excess > 0).sum())} of {excess.size} elements differ from the "
+                                 f"witness product by more than the float64 bound, worst by {excess.max():.3g}")
 
 
 @pytest.mark.parametrize(("recipe", "gemm"), CASES, ids=IDS)

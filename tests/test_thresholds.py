@@ -77,23 +77,33 @@ def test_cli_prints_the_table(capsys):
 
 
 def _anchor_of(key: str) -> float | None:
-    """The DESIGN.md anchor a floor key answers to: by recipe, or by element format."""
-    if key in thresholds.RECIPE_ANCHOR_FORMATS:
-        return thresholds.DESIGN_ANCHORS_DB[thresholds.RECIPE_ANCHOR_FORMATS[key]]
-    fmt = key.split("/")[-1].split("+")[0]
+    """The DESIGN.md anchor a floor key answers to: by recipe ("mxfp6", "mlp/mxfp6"), or by
+    element format ("mx/e2m1"), less 10 log10(gemms) for GEMMs in series."""
+    recipe = key.split("/")[-1]
+    if recipe in thresholds.RECIPE_ANCHOR_FORMATS:
+        return thresholds.DESIGN_ANCHORS_DB[thresholds.RECIPE_ANCHOR_FORMATS[recipe]]
+    fmt = recipe.split("+")[0]
     fmt = "e2m1" if key.startswith("nvfp4/") else fmt.removesuffix("fnuz")
     return thresholds.DESIGN_ANCHORS_DB.get(fmt)  # e3m2 has no DESIGN anchor
 
 
 @pytest.mark.parametrize(("table", "key"), [
-    (name, key) for name in ("QUANTIZE_FLOORS", "GEMM_FLOORS", "LINEAR_SNR_FLOORS")
+    (name, key) for name in ("QUANTIZE_FLOORS", "GEMM_FLOORS", "LINEAR_SNR_FLOORS", "MODEL_FLOORS")
     for key in getattr(thresholds, name)], ids=str)
 def test_no_floor_sits_below_its_design_anchor(table, key):
     anchor = _anchor_of(key)
     if key.endswith("e3m2"):
         assert anchor is None  # MXFP6's anchor is the e2m3 recipe's; e3m2 measures 22-25 dB
         return
-    assert getattr(thresholds, table)[key].db >= anchor, (table, key, anchor)
+    floor = getattr(thresholds, table)[key]
+    assert anchor is not None, (table, key)
+    assert floor.db >= anchor - 10 * math.log10(floor.gemms), (table, key, anchor, floor.gemms)
+
+
+def test_the_same_operands_floor_sits_above_every_anchor():
+    # Same quantized operands on both sides: only accumulation order and the output cast
+    # differ, so it answers to no format's anchor but must clear all of them.
+    assert thresholds.SAME_OPERANDS_FLOOR_DB >= max(thresholds.DESIGN_ANCHORS_DB.values())
 
 
 def test_every_recipe_has_a_design_anchor_and_the_bias_gradient_floor_its_own():

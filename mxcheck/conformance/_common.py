@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -9,6 +10,7 @@ import torch
 
 from mxcheck import thresholds
 from mxcheck.assertions import NumericsError, assert_bitwise_equal, assert_snr
+from mxcheck.conformance.inputs import training_like_cropped
 from mxcheck.functions import make_delayed_states, quant_linear
 from mxcheck.gemm import dequantize_operand, emulated_gemm, quantize_operand
 from mxcheck.recipes import OPERANDS, Recipe
@@ -105,10 +107,21 @@ def _linear(backend: Any, x, w, b, recipe: Recipe, seed: int = 0, states: Any = 
 _ALLOWED_ERRORS = (ValueError, TypeError, NotImplementedError)
 
 
+def weight_scale(k: int) -> float:
+    """About 1/sqrt(K), a power of two so the inputs' rounding midpoints stay midpoints."""
+    return 2.0 ** -round(0.5 * math.log2(k))
+
+
+def training_operands(recipe: Recipe, gen: torch.Generator, device: str, m: int, n: int,
+                      k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (M, K) and w (N, K) shaped like training tensors (``conformance.inputs``) at any shape."""
+    x = training_like_cropped(gen, m, k, recipe.x_row)
+    w = training_like_cropped(gen, n, k, recipe.w_row) * weight_scale(k)
+    return x.to(device), w.to(device)
+
+
 def _oracle_pair(recipe: Recipe, gen: torch.Generator, device: str, m: int, n: int, k: int):
-    x = torch.randn(m, k, generator=gen).to(device)
-    w = (torch.randn(n, k, generator=gen) / k**0.5).to(device)
-    return _fwd_operands(recipe, x, w)
+    return _fwd_operands(recipe, *training_operands(recipe, gen, device, m, n, k))
 
 
 def gemm_out_dtype(backend: Any) -> torch.dtype:

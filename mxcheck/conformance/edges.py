@@ -19,7 +19,9 @@ from mxcheck.conformance._common import (
     _snr,
     gemm_out_dtype,
     linear_of,
+    training_operands,
 )
+from mxcheck.conformance.inputs import training_like_cropped
 from mxcheck.recipes import Recipe
 from mxcheck.thresholds import linear_floor
 
@@ -76,10 +78,9 @@ def _edge_gemm(backend: Any, recipe: Recipe, gen: torch.Generator, m: int, n: in
 def _edge_linear(backend: Any, recipe: Recipe, gen: torch.Generator, numerics: Any,
                  m: int, n: int, k: int, name: str) -> str:
     dims = {"M": m, "N": n, "K": k}
-    x0 = torch.randn(m, k, generator=gen).to(_device(backend))
-    w0 = (torch.randn(n, k, generator=gen) / k**0.5).to(x0.device)
-    b0 = torch.randn(n, generator=gen).to(x0.device)
-    dy = torch.randn(m, n, generator=gen).to(x0.device)
+    x0, w0 = training_operands(recipe, gen, _device(backend), m, n, k)
+    b0 = torch.randn(n, generator=gen).bfloat16().float().to(x0.device)
+    dy = training_like_cropped(gen, m, n, recipe.g_row).to(x0.device)
     try:
         x, w, _, y = _linear(backend, x0, w0, b0, recipe)
         y.backward(dy.to(y.dtype))

@@ -30,7 +30,7 @@ import torch
 from mxcheck.formats import decode_table, get_format
 from mxcheck.recipes import OperandSpec
 
-__all__ = ["TILE", "amax_boundaries", "grid_midpoints", "training_like"]
+__all__ = ["TILE", "amax_boundaries", "grid_midpoints", "training_like", "training_like_cropped"]
 
 TILE = 32
 _E4M3_MAX = 448.0  # NVFP4's block scale format (ue4m3) max: tensor amax = 6 * 448 * 2**j
@@ -177,3 +177,17 @@ def training_like(gen: torch.Generator, rows: int, cols: int, spec: OperandSpec,
         out = torch.where(out.isfinite() & (out.abs() > tensor_amax), out.sign() * tensor_amax, out)
         out[0, 0] = tensor_amax  # one outlier sets the tensor scale to a power of two
     return out
+
+
+def training_like_cropped(gen: torch.Generator, rows: int, cols: int, spec: OperandSpec) -> torch.Tensor:
+    """``training_like`` at any shape (edge shapes: M = 1, K = 40): built at the next
+    multiples of ``TILE`` and cropped to (rows, cols). Every row keeps its amax (amax tiles
+    put each row's on its diagonals; mid tiles the tile's), so the cropped blocks still sit
+    at the boundaries. Too small a tensor for the amax tiles keeps only midpoint, randn and
+    zero tiles (at least two tile rows, so a zero and a midpoint tile both fit)."""
+    r, c = (-(-d // TILE) * TILE for d in (rows, cols))
+    try:
+        full = training_like(gen, r, c, spec)
+    except ValueError:  # too few tiles for the amax tiles
+        full = training_like(gen, max(r, 2 * TILE), c, spec, powers=None)
+    return full[:rows, :cols].contiguous()

@@ -19,6 +19,7 @@ from mxcheck.conformance._common import (
     fresh_state,
     gemm_out_dtype,
     linear_of,
+    training_operands,
 )
 from mxcheck.gemm import quantize_operand
 from mxcheck.layouts import pack_mxfp6_blob, unpack_mxfp6_blob
@@ -96,8 +97,7 @@ def check_poison_padding(backend: Any, recipe: Recipe, gen: torch.Generator, num
         return "backend has neither quantize nor gemm"
     dev, (m, n, k) = _device(backend), _shape(recipe, *_POISON_MNK)
     ctx = {"recipe": recipe.name, "m": m, "n": n, "k": k}
-    x = torch.randn(m, k, generator=gen).to(dev)
-    w = (torch.randn(n, k, generator=gen) / k**0.5).to(dev)
+    x, w = training_operands(recipe, gen, dev, m, n, k)
     if hasattr(backend, "quantize"):
         for name, t in (("x_row", x), ("w_row", w)):
             spec = recipe.spec(name)
@@ -135,9 +135,8 @@ def check_poison_output(backend: Any, recipe: Recipe, gen: torch.Generator, nume
         runs["gemm"] = lambda: backend.gemm(a, b, out_dtype=gemm_out_dtype(backend))
     linear = linear_of(backend)
     if linear is not None:
-        x = torch.randn(m, k, generator=gen).to(dev)
-        w = (torch.randn(n, k, generator=gen) / k**0.5).to(dev)
-        bias = torch.randn(n, generator=gen).to(dev)
+        x, w = training_operands(recipe, gen, dev, m, n, k)
+        bias = torch.randn(n, generator=gen).bfloat16().float().to(dev)
 
         def run_linear() -> torch.Tensor:
             torch.manual_seed(0)
