@@ -155,7 +155,7 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
            x_col=replace(_NVFP4, hadamard="h16_te"),
            source="TE NVFP4BlockScaling: 2D 16x16 weights, RHT on the wgrad pair, SR on gradients"),
     Recipe("fp8-block", x_row=_E4M3_B1, w_row=_E4M3_B2, g_row=_E4M3_B1, w_col=_E4M3_B2, g_col=_E4M3_B1,
-           x_col=_E4M3_B1,
+           x_col=_E4M3_B1, shape_multiple=128,
            source="TE Float8BlockScaling (common/recipe/__init__.py): x_block_scaling_dim=1, "
                   "w_block_scaling_dim=2, grad_block_scaling_dim=1, power-of-2 scales, e4m3",
            notes=("1x128 blocks along the contraction axis for x and dY, 128x128 for W; scales are "
