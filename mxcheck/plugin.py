@@ -36,6 +36,7 @@ __all__ = ["COLLECTOR", "RECORD_KEY", "REQUIRE_DEPS_ENV", "WITNESS_DRIFT", "Coll
 COLLECTOR = pytest.StashKey["Collector"]()
 RECORD_KEY = "mxcheck_record"
 PARAMS_KEY = "mxcheck_params"  # [backend, recipe] of a parametrized test
+SEEDED_FIXTURES = frozenset({"mxcheck_generator", "mxcheck_seed"})
 # An xfail whose reason starts so is a witness library (ml_dtypes, torch, gfloat, torchao)
 # newer than the versions a test pinned, answering differently: counted in the report.
 WITNESS_DRIFT = "witness drift:"
@@ -80,6 +81,12 @@ def add_options(addoption: Callable[..., Any], prefix: str = "--mxcheck-") -> No
                    "whose recorded results differ between runs. Default: %(default)r")
 
 
+def _add_seeded_only_option(addoption: Callable[..., Any]) -> None:
+    addoption("--mxcheck-seeded-only", action="store_true", default=False,
+              help="run only tests whose inputs come from --mxcheck-seed (the mxcheck_generator "
+                   "or mxcheck_seed fixture): the set a seed sweep varies. Default: %(default)r")
+
+
 def _add_require_deps_option(addoption: Callable[..., Any]) -> None:
     # pytest-only (not in add_options, which `mxcheck compare` reuses): it acts on collection.
     addoption("--mxcheck-require-deps", action="store_true",
@@ -93,6 +100,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("mxcheck", "mxcheck numerics checks")
     add_options(group.addoption)
     _add_require_deps_option(group.addoption)
+    _add_seeded_only_option(group.addoption)
 
 
 # ------------------------------------------------------------------ configure
@@ -204,15 +212,14 @@ class Collector:
             reason = self._why_not_here(item, hw)
             if reason:
                 item.add_marker(pytest.mark.skip(reason=reason))
+        if config.getoption("mxcheck_seeded_only"):
+            # Only these change with --mxcheck-seed: the flake hunt (tools/seed_sweep.sh) runs them.
+            _keep_only(config, items, lambda fixtures: bool(SEEDED_FIXTURES & set(fixtures)))
         runs = config.getoption("mxcheck_deterministic_only")
         if not runs:
             return
-        keep = [i for i in items if "numerics" in getattr(i, "fixturenames", ())]
-        drop = [i for i in items if i not in keep]
-        if drop:
-            config.hook.pytest_deselected(items=drop)
-        items[:] = keep
-        for item in keep:
+        _keep_only(config, items, lambda fixtures: "numerics" in fixtures)
+        for item in items:
             _repeat_and_compare(item, runs)
 
     @staticmethod
@@ -328,6 +335,15 @@ _NO_MODULE = re.compile(r"No module named '([^'.]+)")  # ModuleNotFoundError's o
 def _missing_packages(reasons: Iterable[str]) -> list[str]:
     """The top-level packages that skip reasons say are not installed, sorted."""
     return sorted({m.group(1) for reason in reasons for m in _NO_MODULE.finditer(reason)})
+
+
+def _keep_only(config: pytest.Config, items: list[pytest.Item], wanted: Callable[[tuple[str, ...]], bool]) -> None:
+    """Deselect (as -k does, reported as deselected) every item whose fixtures are not wanted."""
+    keep = [i for i in items if wanted(tuple(getattr(i, "fixturenames", ())))]
+    drop = [i for i in items if i not in keep]
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+    items[:] = keep
 
 
 def _crash_message(report: pytest.TestReport) -> str:

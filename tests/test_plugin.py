@@ -572,3 +572,21 @@ def test_needs_takes_top_level_package_names(bad):
     with pytest.raises(ValueError, match=r"needs.*expected one or more top-level package names"):
         with needs(*bad):
             pass
+
+
+def test_seeded_only_keeps_the_tests_the_seed_changes(pytester, cpu_only):
+    pytester.makepyfile("""
+import pytest
+
+def test_draws(mxcheck_generator):
+    pass
+
+def test_reads_the_seed(mxcheck_seed):
+    pass
+
+def test_fixed():
+    pass
+""")
+    result = pytester.runpytest("--mxcheck-seeded-only", "-v")
+    result.assert_outcomes(passed=2, deselected=1)
+    result.stdout.fnmatch_lines(["*test_draws PASSED*", "*test_reads_the_seed PASSED*"])
