@@ -1,14 +1,15 @@
 """mxcheck inside a training job: ``torchrun --nproc-per-node 2 -m mxcheck.distributed_check
 --recipe mxfp8 --out report.json`` (gloo on CPUs, NCCL with one GPU per rank on GPUs).
 
-Every rank, on its own rows of the batch and its own shard of an FSDP2-sharded Flux
-(``mxcheck.sharded_training``):
+Every rank, on its own rows of the batch:
 
-1. *collect*: one forward and backward of the quantized model under ``trace_precision`` and a
+1. *collect*: on a whole bf16 replica of the quantized model (see ``_prepared`` for why not a
+   shard), one forward and backward under ``trace_precision`` and a
    ``StatsProbe``; ``numerics`` records of the precision-manifest check (fails closed when a
    linear ran another precision) and of the model output's SNR against the bf16 model's on
    the same rows;
-2. *converge* (``--steps`` > 0): sharded bf16 and sharded recipe runs from one seed; the
+2. *converge* (``--steps`` > 0): FSDP2-sharded (``mxcheck.sharded_training``) bf16 and recipe
+   runs from one seed; the
    recipe's loss falls and tracks bf16 within the band tests/convergence uses.
 
 Rank 0 merges every rank's records, block statistics and manifest into one report
@@ -36,7 +37,6 @@ from mxcheck.manifest import trace_precision
 from mxcheck.report import Record
 from mxcheck.sharded_training import (
     rows_of,
-    shard_flux,
     sharded_forward,
     sharded_model,
     train_sharded,
@@ -92,11 +92,15 @@ def collect(info: RankInfo, cfg: TrainConfig, recipe: str, *, prepare: Prepare |
 
 
 def _prepared(cfg: TrainConfig, recipe: str, rank: int, prepare: Prepare | None) -> nn.Module:
-    # Unsharded weights kept from forward to backward: trace_precision attributes by address.
-    model = make_model(cfg, recipe).float()
+    # A whole bf16 replica on each rank, not an FSDP2 shard: trace_precision attributes
+    # backward GEMMs partly by storage address, and FSDP2's all-gather buffers are freed and
+    # reused, so a bf16 GEMM of an unquantized layer was at times filed under a quantized
+    # linear's wgrad (seen in 1 of 3 CI runs, even with reshard_after_forward=False). The
+    # sharded path is what `converge` trains.
+    model = make_model(cfg, recipe)
     if prepare is not None:
         prepare(model, rank)
-    return shard_flux(model, reshard_after_forward=False)
+    return model
 
 
 def _record(recipe: str, kind: str, check: Callable[[], float], extra: dict[str, Any]) -> Record:
