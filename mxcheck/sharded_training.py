@@ -30,6 +30,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
+from mxcheck.rng import seeded_default_rng
 from mxcheck.training import TrainConfig, TrainResult, _dataset, flow_matching_loss, make_model
 
 __all__ = ["rows_of", "shard_flux", "sharded_forward", "sharded_loss", "sharded_model", "train_sharded"]
@@ -118,17 +119,18 @@ def train_sharded(model: nn.Module, cfg: TrainConfig) -> TrainResult:
     rows = rows_of(rank, world, cfg.samples)
     data = _dataset(cfg)
     noise_gen = torch.Generator().manual_seed(cfg.seed + 2)
-    torch.manual_seed(cfg.seed + 3)  # as train(): stochastic rounding draws from the default generator
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
-    result = TrainResult(losses=[])
-    for step in range(cfg.steps):
-        loss = sharded_loss(model, data, noise_gen, rows)
-        loss.backward()
-        if step == 0:
-            result.first_grads = _first_grads(model)
-        mean = loss.detach().double()
-        dist.all_reduce(mean)
-        result.losses.append(mean.item() / world)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+    # as train(): stochastic rounding draws from the default generator, seeded and forked
+    with seeded_default_rng(cfg.seed + 3, cfg.device):
+        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+        result = TrainResult(losses=[])
+        for step in range(cfg.steps):
+            loss = sharded_loss(model, data, noise_gen, rows)
+            loss.backward()
+            if step == 0:
+                result.first_grads = _first_grads(model)
+            mean = loss.detach().double()
+            dist.all_reduce(mean)
+            result.losses.append(mean.item() / world)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
     return result

@@ -25,6 +25,7 @@ from mxcheck.flux.init import break_zero_init, init_weights
 from mxcheck.flux.inputs import make_inputs
 from mxcheck.flux.model import Flux
 from mxcheck.flux.quantize import quantize_model
+from mxcheck.rng import seeded_default_rng
 
 __all__ = [
     "MasterWeights",
@@ -135,7 +136,10 @@ class MasterWeights:
 def make_model(cfg: TrainConfig, recipe: str | None = None, backend: str = "emulated") -> Flux:
     """Primus init, zero-init broken, bf16, and (with a recipe) quantized linears."""
     gen = torch.Generator().manual_seed(cfg.seed)
-    model = init_weights(Flux(cfg.model), "primus", generator=gen)
+    # Flux() draws nn.Linear's default init from the global stream (which the primus init
+    # then overwrites): forked, so the caller's stream is left as it was.
+    with torch.random.fork_rng(devices=[]):
+        model = init_weights(Flux(cfg.model), "primus", generator=gen)
     break_zero_init(model, cfg.break_zero_init_std, generator=gen)
     model = model.to(device=cfg.device, dtype=torch.bfloat16)
     if recipe is not None:
@@ -152,8 +156,8 @@ def _dataset(cfg: TrainConfig) -> dict[str, torch.Tensor]:
 @torch.no_grad()
 def eval_loss(model: nn.Module, cfg: TrainConfig, seed: int = 12345) -> float:
     """The loss on the training data with t and noise from ``seed``: the same draw every call."""
-    torch.manual_seed(seed)
-    return flow_matching_loss(model, _dataset(cfg), torch.Generator().manual_seed(seed)).item()
+    with seeded_default_rng(seed, cfg.device):  # stochastic-rounding recipes draw from it
+        return flow_matching_loss(model, _dataset(cfg), torch.Generator().manual_seed(seed)).item()
 
 
 def train(model: nn.Module, cfg: TrainConfig, *, master_weights: bool = True) -> TrainResult:
@@ -164,8 +168,14 @@ def train(model: nn.Module, cfg: TrainConfig, *, master_weights: bool = True) ->
     """
     data = _dataset(cfg)
     noise_gen = torch.Generator().manual_seed(cfg.seed + 2)
-    torch.manual_seed(cfg.seed + 3)  # stochastic-rounding recipes draw from the default generator
+    # stochastic-rounding recipes draw from the default generator: seeded, and forked so the
+    # caller's stream is left as it was
+    with seeded_default_rng(cfg.seed + 3, cfg.device):
+        return _train_steps(model, cfg, data, noise_gen, master_weights)
 
+
+def _train_steps(model: nn.Module, cfg: TrainConfig, data: dict[str, torch.Tensor],
+                 noise_gen: torch.Generator, master_weights: bool) -> TrainResult:
     def adamw(params: list[torch.Tensor]) -> torch.optim.Optimizer:
         return torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
 

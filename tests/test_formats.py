@@ -26,7 +26,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import mxcheck
-from mxcheck.formats import FORMATS, decode, encode, get_format
+from mxcheck.formats import FORMATS, decode, decode_table, encode, get_format
 from mxcheck.plugin import needs
 from mxcheck.reference import decode_scalar, encode_scalar
 from tests._witness import Witnesses
@@ -969,3 +969,17 @@ def test_decode_of_non_integer_codes_is_a_type_error(dtype):
 def test_unknown_rounding_is_a_value_error(rounding):
     with pytest.raises(ValueError, match=rf"rounding={rounding!r} is not known; expected one of \['half_away', 'rne', 'sr', 'trunc'\]"):
         encode(torch.zeros(2), "e4m3", rounding=rounding)
+
+
+@pytest.mark.parametrize("fmt", ALL, ids=str)
+def test_decode_table_equals_reference_decode_scalar_on_every_code(fmt):
+    # The vectorised table (formats) against the Python-int reference, one code at a time;
+    # bit views make NaN == NaN and keep -0 apart from +0.
+    got = decode_table(fmt).view(torch.int64)
+    want = torch.tensor([decode_scalar(c, fmt) for c in range(1 << fmt.bits)], dtype=torch.float64)
+    mismatch = (got != want.view(torch.int64)).nonzero().flatten().tolist()
+    assert not mismatch, (
+        f"{fmt.name}: decode_table differs from decode_scalar at codes {[hex(c) for c in mismatch[:8]]} "
+        f"({len(mismatch)} of {1 << fmt.bits}); table {decode_table(fmt)[mismatch[:8]].tolist()} "
+        f"reference {want[mismatch[:8]].tolist()}"
+    )

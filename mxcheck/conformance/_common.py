@@ -14,6 +14,7 @@ from mxcheck.conformance.inputs import training_like_cropped
 from mxcheck.functions import make_delayed_states, quant_linear
 from mxcheck.gemm import dequantize_operand, emulated_gemm, quantize_operand
 from mxcheck.recipes import OPERANDS, Recipe
+from mxcheck.rng import seeded_default_rng
 
 # Floors for fwd / dgrad / wgrad SNR of a whole linear against float64 truth: one table,
 # mxcheck.thresholds (the derived recipes such as mxfp4+sr resolve through linear_floor).
@@ -95,12 +96,16 @@ def warmed_states(linear: Callable[..., torch.Tensor], recipe: Recipe, x: torch.
     return states
 
 
-def _linear(backend: Any, x, w, b, recipe: Recipe, seed: int = 0, states: Any = None):
+def _linear(backend: Any, x, w, b, recipe: Recipe, seed: int = 0, states: Any = None, dy=None):
+    """Leaf copies of x, w, b and the output; with ``dy``, after the backward of dy too."""
     x = x.detach().clone().requires_grad_(True)
     w = w.detach().clone().requires_grad_(True)
     b = b.detach().clone().requires_grad_(True)
-    torch.manual_seed(seed)  # SR recipes draw their bits from the default generator
-    y = linear_of(backend)(x, w, b, recipe, states=states)
+    # SR recipes draw their bits, the backward's included, from the default generator
+    with seeded_default_rng(seed, x.device):
+        y = linear_of(backend)(x, w, b, recipe, states=states)
+        if dy is not None:
+            y.backward(dy.to(y.dtype))
     return x, w, b, y
 
 

@@ -93,8 +93,7 @@ def check_linear(backend: Any, recipe: Recipe, gen: torch.Generator, numerics: A
     x0, w0, b0, dy = _inputs(gen, _device(backend), recipe)
     # Delayed scaling: a few steps fill the amax histories, then the measured step.
     states = warmed_states(linear_of(backend), recipe, x0, w0, b0, dy)
-    x, w, b, y = _linear(backend, x0, w0, b0, recipe, states=states)
-    y.backward(dy.to(y.dtype))
+    x, w, b, y = _linear(backend, x0, w0, b0, recipe, states=states, dy=dy)
     xd, wd = x0.double(), w0.double()
     truth = {"fwd": xd @ wd.T + b0.double(), "dgrad": dy.double() @ wd, "wgrad": dy.double().T @ xd,
              "bgrad": dy.double().sum(0)}
@@ -105,8 +104,7 @@ def check_linear(backend: Any, recipe: Recipe, gen: torch.Generator, numerics: A
         _snr(numerics, got[direction].double(), ref, thresholds.linear_floor(recipe.name, direction),
              recipe=recipe.name, layer="vs float64 truth", direction=direction, m=_M, n=_N, k=_K)
     ref_states = warmed_states(linear_of(_Reference()), recipe, x0, w0, b0, dy)
-    rx, rw, _, ry = _linear(_Reference(), x0, w0, b0, recipe, states=ref_states)
-    ry.backward(dy.to(ry.dtype))
+    rx, rw, _, ry = _linear(_Reference(), x0, w0, b0, recipe, states=ref_states, dy=dy)
     for direction, ref in (("fwd", ry), ("dgrad", rx.grad), ("wgrad", rw.grad)):
         # Same quantized operands: only accumulation order and the output rounding may differ.
         _snr(numerics, got[direction].double(), ref.double(), SAME_OPERANDS_FLOOR_DB, recipe=recipe.name,

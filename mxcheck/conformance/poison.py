@@ -24,6 +24,7 @@ from mxcheck.conformance._common import (
 from mxcheck.gemm import quantize_operand
 from mxcheck.layouts import pack_mxfp6_blob, unpack_mxfp6_blob
 from mxcheck.recipes import Recipe
+from mxcheck.rng import seeded_default_rng
 
 _POISON_MNK = (40, 64, 96)  # M % 16 != 0 and N % 128 != 0 (partial tiles; N tiles 2D 32x32 weights); K % 128 != 0
 
@@ -139,8 +140,7 @@ def check_poison_output(backend: Any, recipe: Recipe, gen: torch.Generator, nume
         bias = torch.randn(n, generator=gen).bfloat16().float().to(dev)
 
         def run_linear() -> torch.Tensor:
-            torch.manual_seed(0)
-            with torch.no_grad():
+            with seeded_default_rng(0, dev), torch.no_grad():
                 return linear(x, w, bias, recipe)
         runs["linear"] = run_linear
     if not runs:

@@ -12,6 +12,7 @@ from mxcheck.assertions import NumericsError
 from mxcheck.conformance._common import _bitwise, _device, _snr
 from mxcheck.gemm import dequantize_operand, quantize_operand
 from mxcheck.recipes import OPERANDS, Recipe
+from mxcheck.rng import seeded_default_rng
 
 SR_DRAWS = 2048  # copies of dY stacked along M in one call: independent draws per element
 # Probability that check_sr_unbiased fails an unbiased SR, per call, whatever the seed:
@@ -64,9 +65,10 @@ def _sr_dgrad(linear: Callable[..., torch.Tensor], recipe: Recipe, dy: torch.Ten
     n = dy.shape[1]
     x = torch.zeros(dy.shape[0], n, device=dy.device, requires_grad=True)
     w = torch.eye(n, device=dy.device)
-    torch.manual_seed(seed)  # SR bits come from the default generator (as quant_linear)
-    y = linear(x, w, None, recipe)
-    y.backward(dy.to(y.dtype))
+    # SR bits come from the default generator (as quant_linear), the backward's included
+    with seeded_default_rng(seed, dy.device):
+        y = linear(x, w, None, recipe)
+        y.backward(dy.to(y.dtype))
     return x.grad.detach()
 
 

@@ -16,6 +16,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from mxcheck.rng import seeded_default_rng
+
 __all__ = ["SCHEMES", "ZERO_INIT_PATTERNS", "break_zero_init", "init_weights", "zero_init_linears"]
 
 
@@ -66,9 +68,18 @@ def _xavier_uniform(w: torch.Tensor, generator: torch.Generator | None) -> None:
 
 @torch.no_grad()
 def _init_torch(model: nn.Module, generator: torch.Generator | None) -> None:
-    # nn.Linear.reset_parameters draws from the global RNG; seed it from the generator.
-    if generator is not None:
-        torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=generator)))
+    # nn.Linear.reset_parameters takes no generator and draws from the global stream: with
+    # a generator, draw there under a seed taken from it, and leave the caller's stream as it was.
+    if generator is None:
+        _reset_linears(model)
+        return
+    seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+    device = next(model.parameters(), torch.empty(0)).device
+    with seeded_default_rng(seed, device):
+        _reset_linears(model)
+
+
+def _reset_linears(model: nn.Module) -> None:
     for mod in model.modules():
         if isinstance(mod, nn.Linear):
             mod.reset_parameters()
