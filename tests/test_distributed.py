@@ -42,8 +42,9 @@ def _free_port() -> int:
 
 
 def _env() -> dict[str, str]:
+    # gloo on CPUs, also on a GPU runner (2 ranks would need 2 GPUs there).
     return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-            "OMP_NUM_THREADS": "1"}
+            "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "HIP_VISIBLE_DEVICES": ""}
 
 
 # ---- pieces, in one process ------------------------------------------------------------

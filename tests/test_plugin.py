@@ -352,7 +352,9 @@ def test_a_plugin_that_warns_at_configure_does_not_break_the_run(pytester, cpu_o
         assert "NoisyWarning: benchmarks are disabled under xdist" in result.stderr.str()
     else:  # what a stock NVIDIA image with pytest-benchmark got: no test ran at all
         assert result.ret != pytest.ExitCode.OK and "collected" not in result.stdout.str()
-        result.stderr.fnmatch_lines(["INTERNALERROR> *NoisyWarning: benchmarks are disabled*"])
+        # raised, not shown: as INTERNALERROR lines (pytest 9.2) or a bare traceback (9.1)
+        result.stderr.fnmatch_lines(["*NoisyWarning: benchmarks are disabled*"])
+        assert "INTERNALERROR" in result.stderr.str() or "Traceback" in result.stderr.str()
 
 
 THIRD_PARTY = """

@@ -9,6 +9,7 @@ import pytest
 from mxcheck.cli import main
 from mxcheck.flux import flux_linear_shapes
 from mxcheck.functions import quant_linear
+from mxcheck.hardware import FAKE_HARDWARE_ENV
 from mxcheck.recipes import get_recipe
 from mxcheck.report import Report
 from mxcheck.sweep import pick_backend, run_sweep, sweep_cases
@@ -30,7 +31,7 @@ def test_cases_are_the_unique_linear_shapes():
 
 
 def test_sweep_records_every_case_recipe_and_direction():
-    report = run_sweep("flux-small", ("mxfp8", "mxfp6"), "emulated", batch=1)
+    report = run_sweep("flux-small", ("mxfp8", "mxfp6"), "emulated", batch=1, device="cpu")
     env = report.environment["sweep"]
     assert env["tokens_scaled_down"] and env["tokens_override"] == 256 and env["device"] == "cpu"
     n_cases = len(sweep_cases(flux_linear_shapes("flux-small", 1, 256, 256), 256))
@@ -48,7 +49,7 @@ def test_delayed_and_derived_recipes_have_sweep_records(recipe):
     recipe resolves by name and is held to its base recipe's floor."""
     from mxcheck.thresholds import linear_floor
 
-    report = run_sweep("flux-small", (recipe,), "emulated", batch=1, tokens=64)
+    report = run_sweep("flux-small", (recipe,), "emulated", batch=1, tokens=64, device="cpu")
     assert report.records and not report.skipped
     assert {r.recipe for r in report.records} == {recipe}
     assert all(r.passed for r in report.records), [r for r in report.records if not r.passed]
@@ -58,20 +59,21 @@ def test_delayed_and_derived_recipes_have_sweep_records(recipe):
 
 
 def test_a_shape_a_recipe_cannot_take_is_listed_as_skipped():
-    report = run_sweep("flux-small", ("mxfp6",), "emulated", batch=1, tokens=64)
+    report = run_sweep("flux-small", ("mxfp6",), "emulated", batch=1, tokens=64, device="cpu")
     assert not report.records
     assert report.skipped and all("M=64" in s["reason"] and "mxfp6" in s["test_id"] for s in report.skipped)
 
 
 def test_a_seeded_gemm_bug_fails_the_sweep():
     # fp4 codes read with the nibbles swapped (torchao issue #2939)
-    report = run_sweep("flux-small", ("mxfp4",), "mxcheck.backends.known_bad:NibbleSwap", batch=1)
+    report = run_sweep("flux-small", ("mxfp4",), "mxcheck.backends.known_bad:NibbleSwap", batch=1, device="cpu")
     failed = [r for r in report.records if not r.passed]
     assert failed and {r.direction for r in failed} >= {"fwd", "dgrad", "wgrad"}
     assert all(r.snr_db < 10 for r in failed)
 
 
-def test_auto_picks_emulated_on_a_cpu_and_refuses_an_unusable_backend():
+def test_auto_picks_emulated_on_a_cpu_and_refuses_an_unusable_backend(monkeypatch):
+    monkeypatch.setenv(FAKE_HARDWARE_ENV, "cpu")  # as on a CPU host, also on a GPU runner
     assert pick_backend("auto", get_recipe("mxfp4")).name == "emulated"
     with pytest.raises(ValueError, match="backend='triton' is not usable here"):
         pick_backend("triton", get_recipe("mxfp4"))
@@ -113,7 +115,7 @@ class CheaperRecipeLinear:
 
 def test_a_whole_linear_backend_runs_through_the_sweep():
     # torchao's MXFP8Linear (emulated kernel, any device) is a linear without a gemm.
-    report = run_sweep("flux-small", ("mxfp8",), "torchao", batch=1, tokens=64)
+    report = run_sweep("flux-small", ("mxfp8",), "torchao", batch=1, tokens=64, device="cpu")
     bitwise = [r for r in report.records if r.kind == "bitwise"]
     assert {r.direction for r in bitwise} == {"fwd", "dgrad", "wgrad"}
     # dgrad and wgrad are the reference Function's bits; the forward rounds its GEMM to bf16
@@ -125,7 +127,7 @@ def test_a_whole_linear_backend_runs_through_the_sweep():
 
 
 def test_a_whole_linear_backend_that_falls_back_to_a_cheaper_recipe_fails_the_sweep():
-    report = run_sweep("flux-small", ("mxfp8",), "tests.test_sweep:CheaperRecipeLinear", batch=1, tokens=64)
+    report = run_sweep("flux-small", ("mxfp8",), "tests.test_sweep:CheaperRecipeLinear", batch=1, tokens=64, device="cpu")
     failed = [r for r in report.records if not r.passed]
     assert {r.direction for r in failed} >= {"fwd", "dgrad", "wgrad"}
     assert not any(r.bit_equal for r in report.records if r.kind == "bitwise")
