@@ -304,13 +304,8 @@ def test_registry_gets_the_backends_without_importing_the_vendors():
 # ------------------------------------------------------------------ torch._scaled_mm on CUDA
 
 
-@pytest.mark.cuda
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "Hopper FP8 MMA does not accumulate in full fp32: on an H200 (torch 2.11) _scaled_mm was outside "
-    "the K*2^-24 fp32-accumulation bound on ~0.6% of outputs at K=512, relative error up to 3e-4 "
-    "(about 2^-12; cf. DeepSeek-V3 sec. 3.3.2, ~14-bit accumulation). Strict: passing means it changed."))
-@pytest.mark.parametrize("granularity", ["tensor", "row"])
-def test_torch_scaled_mm_matches_emulated_gemm(granularity):
+def _scaled_mm_operands(granularity: str):
+    """The usable backend (else skip), the generator, (M, N, K) and e4m3 operands on CUDA."""
     backend = TorchScaledMMBackend()
     ok, why = backend.available()
     if not ok:
@@ -319,8 +314,18 @@ def test_torch_scaled_mm_matches_emulated_gemm(granularity):
     m, n, k = 128, 96, 256
     x = torch.randn(m, k, generator=gen).cuda()
     w = (torch.randn(n, k, generator=gen) / k**0.5).cuda()
-    a = fp8_quantize(x, "e4m3", granularity=granularity)
-    b = fp8_quantize(w, "e4m3", granularity=granularity)
+    return (backend, gen, (m, n, k), fp8_quantize(x, "e4m3", granularity=granularity),
+            fp8_quantize(w, "e4m3", granularity=granularity))
+
+
+@pytest.mark.cuda
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "Hopper FP8 MMA does not accumulate in full fp32: on an H200 (torch 2.11) _scaled_mm was outside "
+    "the K*2^-24 fp32-accumulation bound on ~0.6% of outputs at K=512, relative error up to 3e-4 "
+    "(about 2^-12; cf. DeepSeek-V3 sec. 3.3.2, ~14-bit accumulation). Strict: passing means it changed."))
+@pytest.mark.parametrize("granularity", ["tensor", "row"])
+def test_torch_scaled_mm_matches_emulated_gemm(granularity):
+    backend, gen, (m, n, k), a, b = _scaled_mm_operands(granularity)
     got = backend.gemm(a, b, out_dtype=torch.float32).double()
     exact = emulated_gemm(a, b, out_dtype=torch.float64, accumulate=torch.float64)
     bound = k * 2.0**-24 * (a.dequantize().double().abs() @ b.dequantize().double().abs().T)
@@ -331,16 +336,7 @@ def test_torch_scaled_mm_matches_emulated_gemm(granularity):
 @pytest.mark.parametrize("granularity", ["tensor", "row"])
 def test_torch_scaled_mm_adds_the_bias_in_bf16(granularity):
     """Outside the xfail above: a broken bias path must fail, not read as the known XFAIL."""
-    backend = TorchScaledMMBackend()
-    ok, why = backend.available()
-    if not ok:
-        pytest.skip(why)
-    gen = torch.Generator().manual_seed(0)
-    m, n, k = 128, 96, 256
-    x = torch.randn(m, k, generator=gen).cuda()
-    w = (torch.randn(n, k, generator=gen) / k**0.5).cuda()
-    a = fp8_quantize(x, "e4m3", granularity=granularity)
-    b = fp8_quantize(w, "e4m3", granularity=granularity)
+    backend, gen, (m, n, k), a, b = _scaled_mm_operands(granularity)
     exact = emulated_gemm(a, b, out_dtype=torch.float64, accumulate=torch.float64)
     bias = torch.randn(n, generator=gen).cuda().to(torch.bfloat16)
     with_bias = backend.gemm(a, b, out_dtype=torch.bfloat16, bias=bias)
