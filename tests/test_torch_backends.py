@@ -325,7 +325,7 @@ def _scaled_mm_operands(granularity: str):
     "(about 2^-12; cf. DeepSeek-V3 sec. 3.3.2, ~14-bit accumulation). Strict: passing means it changed."))
 @pytest.mark.parametrize("granularity", ["tensor", "row"])
 def test_torch_scaled_mm_matches_emulated_gemm(granularity):
-    backend, gen, (m, n, k), a, b = _scaled_mm_operands(granularity)
+    backend, _, (_, _, k), a, b = _scaled_mm_operands(granularity)
     got = backend.gemm(a, b, out_dtype=torch.float32).double()
     exact = emulated_gemm(a, b, out_dtype=torch.float64, accumulate=torch.float64)
     bound = k * 2.0**-24 * (a.dequantize().double().abs() @ b.dequantize().double().abs().T)
@@ -336,7 +336,7 @@ def test_torch_scaled_mm_matches_emulated_gemm(granularity):
 @pytest.mark.parametrize("granularity", ["tensor", "row"])
 def test_torch_scaled_mm_adds_the_bias_in_bf16(granularity):
     """Outside the xfail above: a broken bias path must fail, not read as the known XFAIL."""
-    backend, gen, (m, n, k), a, b = _scaled_mm_operands(granularity)
+    backend, gen, (m, n, _), a, b = _scaled_mm_operands(granularity)
     exact = emulated_gemm(a, b, out_dtype=torch.float64, accumulate=torch.float64)
     bias = torch.randn(n, generator=gen).cuda().to(torch.bfloat16)
     with_bias = backend.gemm(a, b, out_dtype=torch.bfloat16, bias=bias)
