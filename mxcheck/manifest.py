@@ -34,6 +34,7 @@ import contextlib
 import dataclasses
 import fnmatch
 import warnings
+import weakref
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -108,7 +109,10 @@ class OpEntry:
 class _LinearState:
     weight_storage: int
     weight_shape: tuple[int, ...]
-    input_storages: set[int] = field(default_factory=set)
+    # storage address -> the input tensor seen there in forward, weakly: once that tensor is
+    # freed its address may be reused by any later tensor, which must not count as this input
+    # (a false bf16 wgrad in 2 of 4 CI runs of the 2-rank check before this).
+    input_storages: dict[int, weakref.ref] = field(default_factory=dict)
 
 
 def _storage(t: Any) -> int | None:
@@ -151,7 +155,7 @@ class PrecisionManifest(TorchDispatchMode):
         def hook(mod: nn.Module, args: tuple) -> None:
             state = self._linears.setdefault(name, _LinearState(_storage(mod.weight) or 0, tuple(mod.weight.shape)))
             if args and (s := _storage(args[0])) is not None:
-                state.input_storages.add(s)
+                state.input_storages[s] = weakref.ref(args[0])
             self._forward_stack.append(name)
         return hook
 
@@ -227,7 +231,7 @@ class PrecisionManifest(TorchDispatchMode):
         for layer, state in self._linears.items():
             if state.weight_storage in storages:
                 return layer, "dgrad"
-            if state.input_storages & storages:
+            if any(ref() is not None for s, ref in state.input_storages.items() if s in storages):
                 return layer, "wgrad"
         layer = self._backward_layer
         if layer is None or layer not in self._linears or not isinstance(out, torch.Tensor):
