@@ -17,7 +17,7 @@ import dataclasses
 import sys
 from dataclasses import dataclass
 from enum import Enum
-from types import ModuleType, SimpleNamespace
+from types import SimpleNamespace
 from typing import Any, NamedTuple
 
 import pytest
@@ -89,14 +89,7 @@ class Calls(list):
         return [c for c in self if c[0] == name]
 
 
-def install(monkeypatch: pytest.MonkeyPatch, *names: str) -> dict[str, ModuleType]:
-    mods = {n: ModuleType(n) for n in names}
-    for n, m in mods.items():
-        parent, _, child = n.rpartition(".")
-        if parent:
-            setattr(mods[parent], child, m)
-        monkeypatch.setitem(sys.modules, n, m)
-    return mods
+install = fa.module_tree  # the primus_turbo fakes below are built on the same module tree
 
 
 @pytest.fixture

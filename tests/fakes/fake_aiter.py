@@ -207,15 +207,21 @@ class _DistFinder:
         return iter(())
 
 
-def install(mp: pytest.MonkeyPatch, *, version: str = RELEASED, mxfp6: bool = False) -> SimpleNamespace:
-    """Put the fake in sys.modules (undone with ``mp``); returns the module objects."""
-    names = ("aiter", "aiter.utility", "aiter.utility.fp4_utils", "aiter.ops", "aiter.ops.shuffle")
+def module_tree(mp: pytest.MonkeyPatch, *names: str) -> dict[str, ModuleType]:
+    """Empty modules named ``names`` (parents first), each set on its parent and put in
+    sys.modules, all undone with ``mp``."""
     mods = {n: ModuleType(n) for n in names}
     for n, m in mods.items():
         parent, _, child = n.rpartition(".")
         if parent:
             setattr(mods[parent], child, m)
         mp.setitem(sys.modules, n, m)
+    return mods
+
+
+def install(mp: pytest.MonkeyPatch, *, version: str = RELEASED, mxfp6: bool = False) -> SimpleNamespace:
+    """Put the fake in sys.modules (undone with ``mp``); returns the module objects."""
+    mods = module_tree(mp, "aiter", "aiter.utility", "aiter.utility.fp4_utils", "aiter.ops", "aiter.ops.shuffle")
     mp.setattr(sys, "meta_path", [_DistFinder(version), *sys.meta_path])
     aiter = mods["aiter"]
     aiter.dtypes = SimpleNamespace(fp4x2=torch.float4_e2m1fn_x2, fp8_e8m0=torch.float8_e8m0fnu, bf16=torch.bfloat16)
