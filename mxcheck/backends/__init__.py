@@ -128,6 +128,7 @@ def available_backends() -> dict[str, tuple[bool, str]]:
 _BUILTIN = {
     "triton": "mxcheck.backends.triton_mx:TritonMXBackend",
     "aiter": "mxcheck.backends.aiter:AiterBackend",
+    "aiter_triton": "mxcheck.backends.aiter_triton:AiterTritonBackend",
     "primus_turbo": "mxcheck.backends.primus_turbo:PrimusTurboBackend",
     "torch": "mxcheck.backends.torch_scaled_mm:TorchScaledMMBackend",
     "torchao": "mxcheck.backends.torchao_backend:TorchaoBackend",
