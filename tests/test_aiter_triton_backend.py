@@ -128,3 +128,14 @@ def test_backend_quantize_is_the_kernel_the_profile_pins():
     negative = want < 127  # the kernel's saturated byte (test_aiter_triton_vectors.py)
     assert torch.equal(q.scales.cpu()[~negative], want[~negative])
     assert bool((q.scales.cpu()[negative] == 127).all()) and bool(negative.any())
+
+
+@pytest.mark.emulated
+def test_the_report_names_the_aiter_tree_version_when_no_distribution_is_installed(monkeypatch, tmp_path):
+    from mxcheck.report import environment
+
+    (tmp_path / "aiter").mkdir()
+    (tmp_path / "aiter" / "_version.py").write_text("__version__ = '9.8.7.dev1'\n")
+    monkeypatch.setenv("MXCHECK_AITER_PATH", str(tmp_path))
+    monkeypatch.setattr(environment, "_distribution_version", lambda *a: None)
+    assert environment.package_versions(["aiter"]) == {"aiter": f"9.8.7.dev1 (MXCHECK_AITER_PATH={tmp_path})"}

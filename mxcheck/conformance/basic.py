@@ -44,10 +44,12 @@ def _inputs(gen: torch.Generator, device: str, recipe: Recipe) -> tuple[torch.Te
 
 
 # What check_quantize feeds each operand: bf16 values only (the rounding midpoints with no
-# float32 help), adversarial float32 block amaxes over the whole exponent range, Inf/NaN.
+# float32 help), adversarial block amaxes over the whole exponent range at bf16 and at
+# float32 ulps, Inf/NaN.
 QUANTIZE_INPUTS = {
     "bf16": {"powers": None},
-    "amax": {"powers": WIDE_POWERS},
+    "amax": {"powers": WIDE_POWERS, "value_dtype": torch.float32},
+    "amax-bf16": {"powers": WIDE_POWERS},
     "inf-nan": {"powers": None, "specials": True},
 }
 

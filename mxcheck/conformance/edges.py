@@ -20,6 +20,7 @@ from mxcheck.conformance._common import (
     gemm_out_dtype,
     linear_of,
     training_operands,
+    warmed_states,
 )
 from mxcheck.conformance.inputs import training_like_cropped
 from mxcheck.recipes import Recipe
@@ -82,12 +83,16 @@ def _edge_linear(backend: Any, recipe: Recipe, gen: torch.Generator, numerics: A
     b0 = torch.randn(n, generator=gen).bfloat16().float().to(x0.device)
     dy = training_like_cropped(gen, m, n, recipe.g_row).to(x0.device)
     try:
-        x, w, _, y = _linear(backend, x0, w0, b0, recipe, dy=dy)
+        # Delayed scaling: both sides warmed alike (check_linear's steps), or each would judge
+        # its first step from a different history (TE's starts at scale 1).
+        states = warmed_states(linear_of(backend), recipe, x0, w0, b0, dy)
+        x, w, _, y = _linear(backend, x0, w0, b0, recipe, states=states, dy=dy)
     except Exception as e:  # the error type is the finding
         return _raised(e, f"linear of recipe {recipe.name}", dims)
     got = {"fwd": y, "dgrad": x.grad, "wgrad": w.grad}
     try:
-        rx, rw, _, ry = _linear(_Reference(), x0, w0, b0, recipe, dy=dy)
+        ref_states = warmed_states(linear_of(_Reference()), recipe, x0, w0, b0, dy)
+        rx, rw, _, ry = _linear(_Reference(), x0, w0, b0, recipe, states=ref_states, dy=dy)
         ref, floor, layer = {"fwd": ry, "dgrad": rx.grad, "wgrad": rw.grad}, SAME_OPERANDS_FLOOR_DB, "vs reference Function"
     except ValueError:  # the oracle refuses the shape; the backend computed: hold it to float64 truth
         xd, wd = x0.double(), w0.double()

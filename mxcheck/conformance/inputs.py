@@ -13,10 +13,13 @@ hold) and built from 32x32 tiles, each of one kind:
   tensor/delayed scaling: the format's max with that as the tensor amax), so every scale
   is a power of two and a midpoint stays a midpoint after scaling;
 - ``randn``: bf16 Gaussian values with a few 8x outliers; ``zero``: an all-zero block;
-- ``amax``: float32 values whose amax sits exactly at, one ulp above, or 1-4 ulps below a
+- ``amax``: values whose amax sits exactly at, one ulp above, or 1-4 ulps below a
   scale-rule boundary (2**p for floor/ceil, 2**p (1 - 2**-(mbits+2)) for even, max * 2**k
   for rceil) across the exponent range, plus subnormal amaxes (where a float32 ``log2``
-  lands a binade off, DESIGN.md "Scale rules");
+  lands a binade off, DESIGN.md "Scale rules"). The ulps are bf16's by default (linear
+  checks: a backend that runs in bf16, as TE's adapter does, sees the very same values);
+  ``value_dtype=torch.float32`` gives float32 ulps and float32 subnormals (quantize checks
+  on float32 input);
 - ``special`` (only when asked, for quantize checks): a single +Inf, -Inf or NaN.
 
 Rotated operands (Hadamard) mix the tile before rounding, so their midpoints are not
@@ -39,7 +42,11 @@ _E4M3_MAX = 448.0  # NVFP4's block scale format (ue4m3) max: tensor amax = 6 * 4
 WIDE_POWERS = (-126, -100, -64, -20, -7, -3, -1, 0, 1, 3, 7, 20, 64, 100, 126)
 LINEAR_POWERS = (-7, -3, 0, 3, 7)
 _SPECIALS = (float("inf"), float("-inf"), float("nan"))
-_SUBNORMAL_AMAXES = (2.0**-149 * 3, 2.0**-133, 2.0**-130, 2.0**-127 * 1.5)
+# Per value dtype: (the integer view of its bits, subnormal amaxes in its range).
+_VALUE_DTYPES = {
+    torch.float32: (torch.int32, (2.0**-149 * 3, 2.0**-133, 2.0**-130, 2.0**-127 * 1.5)),
+    torch.bfloat16: (torch.int16, (2.0**-133 * 3, 2.0**-133, 2.0**-130, 2.0**-127 * 1.5)),
+}
 
 
 def grid_midpoints(fmt: str) -> torch.Tensor:
@@ -49,24 +56,33 @@ def grid_midpoints(fmt: str) -> torch.Tensor:
     return (v[1:] + v[:-1]) / 2
 
 
-def _step(a: torch.Tensor, ulps: int) -> torch.Tensor:
-    """a (positive float32) moved by ``ulps`` units in the last place (through its bits)."""
-    return (a.view(torch.int32) + ulps).view(torch.float32)
+def _check_value_dtype(value_dtype: torch.dtype) -> tuple[torch.dtype, tuple[float, ...]]:
+    if value_dtype not in _VALUE_DTYPES:
+        raise ValueError(f"value_dtype={value_dtype}; expected one of {list(_VALUE_DTYPES)}")
+    return _VALUE_DTYPES[value_dtype]
 
 
-def amax_boundaries(fmt: str, powers: tuple[int, ...]) -> list[torch.Tensor]:
-    """Groups of float32 amaxes: at, one ulp above and 1, 2, 4 ulps below each scale-rule
-    boundary near 2**p; then each "1 ulp below" alone (the amax of a whole 2D tile); then
-    the subnormal amaxes."""
+def _step(a: torch.Tensor, ulps: int, value_dtype: torch.dtype) -> torch.Tensor:
+    """a (positive, representable in value_dtype) moved by ``ulps`` of value_dtype's units in
+    the last place (through its bits), as float32."""
+    bits, _ = _check_value_dtype(value_dtype)
+    return (a.to(value_dtype).view(bits) + ulps).view(value_dtype).float()
+
+
+def amax_boundaries(fmt: str, powers: tuple[int, ...], value_dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
+    """Groups of float32-held amaxes: at, one ulp above and 1, 2, 4 ulps below each
+    scale-rule boundary near 2**p (ulps of ``value_dtype``); then each "1 ulp below" alone
+    (the amax of a whole 2D tile); then the subnormal amaxes of ``value_dtype``."""
+    _, subnormals = _check_value_dtype(value_dtype)
     f = get_format(fmt)
     groups, below = [], []
     for p in powers:
         for b in (2.0**p, 2.0**p * (1 - 2.0 ** -(f.mbits + 2)), f.max * 2.0 ** (p - f.emax)):
             t = torch.tensor(b, dtype=torch.float32)
-            if torch.isfinite(t) and t != 0:
-                groups.append(torch.stack([t, _step(t, 1), *(_step(t, -j) for j in (1, 2, 4))]))
-                below.append(_step(t, -1).reshape(1))
-    return groups + below + [torch.tensor(_SUBNORMAL_AMAXES, dtype=torch.float32)]
+            if torch.isfinite(t.to(value_dtype)) and t != 0:
+                groups.append(torch.stack([t, *(_step(t, j, value_dtype) for j in (1, -1, -2, -4))]))
+                below.append(_step(t, -1, value_dtype).reshape(1))
+    return groups + below + [torch.tensor(subnormals, dtype=torch.float32)]
 
 
 def _anchors(spec: OperandSpec) -> tuple[float, float | None, int]:
@@ -137,13 +153,16 @@ def _tile(kind: str, arg: object, gen: torch.Generator, anchor: float, mids: tor
 
 
 def training_like(gen: torch.Generator, rows: int, cols: int, spec: OperandSpec, *,
-                  powers: tuple[int, ...] | None = LINEAR_POWERS, specials: bool = False) -> torch.Tensor:
+                  powers: tuple[int, ...] | None = LINEAR_POWERS, specials: bool = False,
+                  value_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """A float32 (rows, cols) tensor of tiles as the module docstring says, for ``spec``.
 
     rows and cols are multiples of 32. ``powers``: exponents of the amax tiles (for MX;
     for tensor-scaled formats those above 0 are dropped, to stay under the tensor amax);
-    None: no amax tiles, so every value is a bf16 value. ``specials``: add
-    Inf/NaN tiles (quantize checks only: a linear's SNR means nothing with them).
+    None: no amax tiles. ``specials``: add Inf/NaN tiles (quantize checks only: a linear's
+    SNR means nothing with them). ``value_dtype``: every value is one of this dtype's
+    (bfloat16: what training tensors hold and what a bf16 kernel sees unchanged; float32:
+    amax tiles at float32 ulps, for quantize checks on float32 input).
     """
     if rows % TILE or cols % TILE:
         raise ValueError(f"rows={rows}, cols={cols}: training_like builds {TILE}x{TILE} tiles; "
@@ -159,7 +178,7 @@ def training_like(gen: torch.Generator, rows: int, cols: int, spec: OperandSpec,
     # Tensor-scaled formats: amax tiles under the tensor amax, so they do not move its scale.
     amaxes = [] if powers is None else amax_boundaries(
         spec.fmt if spec.scaling != "none" else "e4m3",
-        powers if tensor_amax is None else tuple(p for p in powers if p <= 0))
+        powers if tensor_amax is None else tuple(p for p in powers if p <= 0), value_dtype)
     n_tiles = (rows // TILE) * (cols // TILE)
     kinds = [("amax", a) for a in amaxes] + [("special", v) for v in (_SPECIALS if specials else ())]
     if len(kinds) + 2 > n_tiles:
@@ -176,7 +195,9 @@ def training_like(gen: torch.Generator, rows: int, cols: int, spec: OperandSpec,
     if tensor_amax is not None:
         out = torch.where(out.isfinite() & (out.abs() > tensor_amax), out.sign() * tensor_amax, out)
         out[0, 0] = tensor_amax  # one outlier sets the tensor scale to a power of two
-    return out
+    # The amaxes are value_dtype values; rounding the rest (amax tiles' small values scaled by
+    # a full-mantissa amax) keeps each below its row's amax, rounding being monotone.
+    return out.to(value_dtype).float()
 
 
 def training_like_cropped(gen: torch.Generator, rows: int, cols: int, spec: OperandSpec) -> torch.Tensor:

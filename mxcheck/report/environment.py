@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import subprocess
 import sys
 from collections.abc import Iterable
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -65,8 +67,25 @@ def package_versions(names: Iterable[str] = OPTIONAL_PACKAGES) -> dict[str, str 
         providers = metadata.packages_distributions()
     except Exception:  # a broken dist-info elsewhere must not cost us the report
         providers = {}
-    return {name: _distribution_version(name, OPTIONAL_PACKAGES.get(name, (name,)), providers)
-            for name in names}
+    out = {name: _distribution_version(name, OPTIONAL_PACKAGES.get(name, (name,)), providers)
+           for name in names}
+    if out.get("aiter", "") is None:
+        out["aiter"] = _aiter_tree_version()
+    return out
+
+
+def _aiter_tree_version() -> str | None:
+    """The version in an unpacked amd-aiter tree named by MXCHECK_AITER_PATH (the aiter_triton
+    backend loads from there when no distribution is installed), read without importing."""
+    root = os.environ.get("MXCHECK_AITER_PATH")
+    if not root:
+        return None
+    try:
+        text = (Path(root) / "aiter" / "_version.py").read_text()
+    except OSError:
+        return None
+    m = re.search(r"__version__\s*=\s*['\"]([^'\"]+)['\"]", text)
+    return f"{m.group(1)} (MXCHECK_AITER_PATH={root})" if m else None
 
 
 def numerics_env() -> dict[str, str]:

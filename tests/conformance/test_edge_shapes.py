@@ -11,6 +11,7 @@ from mxcheck.backends.emulated import EmulatedBackend
 from mxcheck.backends.known_bad import KNOWN_BAD
 from mxcheck.conformance import EDGE_SHAPES, edge_shape_outcome
 from mxcheck.flux import flux_linear_shapes, unique_gemms
+from mxcheck.functions import quant_linear
 from mxcheck.recipes import DERIVED_RECIPES, RECIPES, get_recipe
 
 pytestmark = pytest.mark.emulated
@@ -71,3 +72,34 @@ def test_an_error_must_be_a_clear_one(error, verdict):
     else:
         with pytest.raises(NumericsError, match=verdict):
             edge_shape_outcome(backend, RECIPES["fp8"], "M13", gen)
+
+
+class _Bf16Inputs(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, t):
+        return t.bfloat16().float()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+class _Bf16Linear:
+    """The reference Function on bf16 copies of x, W and b, as TE's adapter hands te.Linear
+    its inputs (mxcheck/backends/transformer_engine.py::_Bridge.forward)."""
+
+    name = "bf16-linear"
+
+    def linear(self, x, weight, bias, recipe, states=None):
+        return quant_linear(_Bf16Inputs.apply(x), _Bf16Inputs.apply(weight), _Bf16Inputs.apply(bias), recipe,
+                            states=states)
+
+
+@pytest.mark.parametrize("name", ["K384-Kmod256", "modulation-M64"])
+@pytest.mark.parametrize("recipe", ["fp8", "fp8-hybrid", "fp8-delayed", "nvfp4", "mxfp8"])
+def test_a_linear_that_rounds_its_inputs_to_bf16_sees_the_same_inputs(recipe, name):
+    # TE 2.20 on the H200 was 32.6-39.2 dB from the reference Function in dgrad at these edges
+    # with bit-identical dY codes (tools/h200/te_edge_dgrad_probe.py): the edge inputs held
+    # float32 values (amax tiles scaled by a full-mantissa amax) that TE rounds to bf16.
+    outcome = edge_shape_outcome(_Bf16Linear(), get_recipe(recipe), name, torch.Generator().manual_seed(0))
+    assert outcome["linear"] == "correct", outcome
