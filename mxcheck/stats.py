@@ -56,6 +56,7 @@ from mxcheck.scaling.blocks import block_amax
 from mxcheck.scaling.fp8 import FP8_GRANULARITIES
 from mxcheck.scaling.mx import e8m0_reciprocal
 from mxcheck.scaling.nvfp4 import NVFP4_BLOCK, _global_encode_scale
+from mxcheck.text import table
 
 __all__ = ["DISTRIBUTIONS", "QUANTILES", "BlockStats", "StatsProbe", "block_stats", "synthetic"]
 
@@ -102,6 +103,28 @@ class BlockStats:
             if not isinstance(v, torch.Tensor):
                 out[f.name] = _plain(v)
         return out
+
+    def to_text(self, name: str) -> str:
+        """A heading naming the operand, then one line per statistic (``mxcheck stats``)."""
+        q, r = self.snr_db_quantiles, self.rel_error_quantiles
+        live = self.n_blocks - self.zero_blocks - self.nan_blocks
+        exps = "  ".join(f"{e}:{n}" for e, n in self.scale_exponents.items()) or "-"
+        return f"{name}: {self.shape[0]}x{self.shape[1]} ({self.domain} domain)\n" + table([
+            ("blocks", f"{self.n_blocks} of {self.block[0]}x{self.block[1]} ({self.zero_blocks} all-zero, "
+                       f"{self.nan_blocks} NaN)"),
+            ("saturated", f"{_pct(self.saturated_fraction)} of {live} blocks ({self.saturated_blocks})"),
+            ("overflow", f"{_pct(self.overflow_fraction)} ({self.overflow_blocks}): the clip changed a code"),
+            ("flushed", f"{_pct(self.flushed_fraction)} of {self.nonzero_elements} non-zero elements "
+                        f"({self.flushed_elements})"),
+            ("SNR dB", f"{self.snr_db:.2f} overall; per block " +
+                       " ".join(f"{k} {v:.2f}" for k, v in q.items())),
+            ("rel error", " ".join(f"{k} {v:.4g}" for k, v in r.items())),
+            ("scale exp", f"{exps}  (exponent:blocks)"),
+        ])
+
+
+def _pct(v: float) -> str:
+    return "n/a" if math.isnan(v) else f"{100 * v:.2f}%"
 
 
 def _plain(v: Any) -> Any:

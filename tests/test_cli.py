@@ -371,12 +371,12 @@ def test_an_unexpected_exception_is_exit_2_with_one_line_naming_the_inputs(
     def crash(*args: object, **kwargs: object) -> str:
         raise KeyError("snr_db\nsecond line")
 
-    monkeypatch.setattr("mxcheck.cli.render_markdown", crash)
+    monkeypatch.setattr("mxcheck.cli.reports.render_markdown", crash)
     code, out, err = run(capsys, "report", SMALL, "--md", tmp_path / "c.md", "-q")
     assert (code, out) == (2, "")
     assert_one_line_error(err, f"mxcheck report: error: on input={SMALL}, md={tmp_path / 'c.md'}: "
                                "unexpected KeyError: 'snr_db\\nsecond line' (a bug in mxcheck")
-    monkeypatch.setattr("mxcheck.cli.collect_info", lambda: 1 / 0)
+    monkeypatch.setattr("mxcheck.cli.about.collect_info", lambda: 1 / 0)
     code, _, err = run(capsys, "info")  # no file arguments: nothing to name
     assert code == 2
     assert_one_line_error(err, "mxcheck info: error: unexpected ZeroDivisionError: division by zero")
