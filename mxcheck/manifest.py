@@ -43,12 +43,13 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from mxcheck.assertions import NumericsError
 from mxcheck.flux.quantize import DEFAULT_INCLUDE, patterns
 from mxcheck.ops import UNTRACED, in_oracle
+from mxcheck.outcome import Context, NumericsError, Outcome, say
 from mxcheck.recipes import Recipe, get_recipe
 
-__all__ = ["FLOAT_GEMM_OPS", "UNTRACED", "VENDOR_OPS", "OpEntry", "PrecisionError", "PrecisionManifest", "trace_precision"]
+__all__ = ["FLOAT_GEMM_OPS", "UNTRACED", "VENDOR_OPS", "OpEntry", "PrecisionError", "PrecisionManifest", "check_precision",
+           "trace_precision"]
 
 DIRECTIONS = ("fwd", "dgrad", "wgrad")
 _OPERAND_DIRECTION = {"x_row": "fwd", "w_row": "fwd", "g_row": "dgrad", "w_col": "dgrad",
@@ -329,3 +330,15 @@ def trace_precision(model: nn.Module) -> Iterator[PrecisionManifest]:
             yield manifest
     finally:
         manifest.remove_hooks()
+
+
+def check_precision(manifest: PrecisionManifest, recipe: Any, kwargs: dict[str, Any],
+                    context: Context) -> Outcome:
+    """``manifest.check(recipe, **kwargs)`` as an Outcome carrying the whole manifest (for
+    the report recorder's ``numerics.precision``)."""
+    fields: dict[str, Any] = {"extra": {"precision_manifest": manifest.to_json()}}
+    try:
+        manifest.check(recipe, **kwargs)
+    except NumericsError as e:  # PrecisionError: the layers and directions that ran otherwise
+        return Outcome(manifest, False, say("precision manifest", context, str(e)), {**fields, "passed": False})
+    return Outcome(manifest, True, "", {**fields, "passed": True})

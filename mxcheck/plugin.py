@@ -416,9 +416,9 @@ def mxcheck_generator(request: pytest.FixtureRequest, mxcheck_seed: int) -> torc
 
 @pytest.fixture
 def numerics(request: pytest.FixtureRequest) -> Any:
-    """Assertions (an ``mxcheck.assertions.Numerics``) that record each comparison into
+    """Assertions (an ``mxcheck.report.recorder.Numerics``) that record each comparison into
     the run's report."""
-    from mxcheck.assertions import Numerics  # noqa: PLC0415  (keeps plugin import light)
+    from mxcheck.report.recorder import Numerics  # noqa: PLC0415  (keeps plugin import light)
 
     node = request.node
     backend = getattr(node, "callspec", None) and node.callspec.params.get("backend")

@@ -232,7 +232,8 @@ def test_manifest_goes_into_the_report(tmp_path):
 
 
 def test_numerics_precision_records_the_manifest_and_fails_closed():
-    from mxcheck.assertions import Numerics, NumericsError
+    from mxcheck.assertions import NumericsError
+    from mxcheck.report.recorder import Numerics
 
     records = []
     numerics = Numerics(records.append, "t", recipe="mxfp4")
