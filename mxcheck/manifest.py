@@ -5,7 +5,7 @@ dispatched during a forward and backward, and attributes to each linear and dire
 (fwd, dgrad, wgrad):
 
 - ``mxcheck::quantize`` / ``mxcheck::gemm``, which the reference Function dispatches for
-  every operand it quantizes and every GEMM it runs (``mxcheck.ops``), carrying the layer,
+  every operand it quantizes and every GEMM it runs (``mxcheck.trace_ops``), carrying the layer,
   operand or direction, format, scaling and scale rule actually applied;
 - known vendor ops (``VENDOR_OPS``: Primus' ``primus::quantize_mxfp4_dual``, Primus-Turbo's
   ``gemm_fp4_impl``/``gemm_fp6_impl``/``gemm_fp8_impl`` and their ``*_accum_impl`` forms,
@@ -44,9 +44,9 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from mxcheck.flux.quantize import DEFAULT_INCLUDE, patterns
-from mxcheck.ops import UNTRACED, in_oracle
 from mxcheck.outcome import Context, NumericsError, Outcome, say
 from mxcheck.recipes import Recipe, get_recipe
+from mxcheck.trace_ops import UNTRACED, in_oracle
 
 __all__ = ["FLOAT_GEMM_OPS", "UNTRACED", "VENDOR_OPS", "OpEntry", "PrecisionError", "PrecisionManifest", "check_precision",
            "trace_precision"]

@@ -204,7 +204,7 @@ class _UntracedLinear(nn.Linear):
 
     def forward(self, x):
         from mxcheck.backends.transformer_engine import _Bridge  # noqa: F401  (the adapter's import)
-        from mxcheck.ops import UNTRACED, announce_gemm
+        from mxcheck.trace_ops import UNTRACED, announce_gemm
 
         announce_gemm(x, "", "fwd", UNTRACED, UNTRACED, "transformer_engine")
         return super().forward(x)
