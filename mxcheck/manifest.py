@@ -45,13 +45,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from mxcheck.flux.quantize import DEFAULT_INCLUDE, patterns
 from mxcheck.outcome import Context, NumericsError, Outcome, say
-from mxcheck.recipes import Recipe, get_recipe
+from mxcheck.recipes import GEMM_DIRECTIONS, Recipe, get_recipe
 from mxcheck.trace_ops import UNTRACED, in_oracle
 
 __all__ = ["FLOAT_GEMM_OPS", "UNTRACED", "VENDOR_OPS", "OpEntry", "PrecisionError", "PrecisionManifest", "check_precision",
            "trace_precision"]
 
-DIRECTIONS = ("fwd", "dgrad", "wgrad")
 _OPERAND_DIRECTION = {"x_row": "fwd", "w_row": "fwd", "g_row": "dgrad", "w_col": "dgrad",
                       "g_col": "wgrad", "x_col": "wgrad"}
 # Matmuls that, on float inputs, are a GEMM run in that float dtype.
@@ -270,9 +269,9 @@ class PrecisionManifest(TorchDispatchMode):
         recipe = get_recipe(recipe)
         include = patterns(include, "include")
         dirs = patterns(directions, "directions") if directions is not None else (
-            DIRECTIONS if self.backward_seen else ("fwd",))
-        if unknown := [d for d in dirs if d not in DIRECTIONS]:
-            raise ValueError(f"directions={dirs!r}: {unknown} not among {DIRECTIONS}")
+            GEMM_DIRECTIONS if self.backward_seen else ("fwd",))
+        if unknown := [d for d in dirs if d not in GEMM_DIRECTIONS]:
+            raise ValueError(f"directions={dirs!r}: {unknown} not among {GEMM_DIRECTIONS}")
         layers = [n for n in self._names if any(fnmatch.fnmatchcase(n, p) for p in include)]
         if not layers:
             raise PrecisionError(f"include={include!r} matches no linear of the traced model")

@@ -45,7 +45,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from mxcheck.formats import FORMATS, decode_table, get_format
+from mxcheck.formats import FORMATS, decode, get_format
 from mxcheck.functions import make_delayed_states
 from mxcheck.gemm import PlainTensor, QTensor, quantize_operand
 from mxcheck.hadamard import apply_hadamard
@@ -171,7 +171,7 @@ def _mx_view(x: torch.Tensor, q: MXTensor) -> _View:
 
 def _nvfp4_view(x: torch.Tensor, q: NVFP4Tensor) -> _View:
     rows = NVFP4_BLOCK if q.block_2d else 1
-    s_blk = decode_table(FORMATS["ue4m3"], x.device).float()[q.block_scales[::rows].to(torch.int64)]
+    s_blk = decode(q.block_scales[::rows], FORMATS["ue4m3"])
     # The encode multiplier exactly as nvfp4_quantize forms it (same float32 operations).
     s_dec = 1.0 / _global_encode_scale(q.amax)
     encode = torch.minimum(1.0 / (s_blk * s_dec), torch.tensor(_FLT_MAX))

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from mxcheck.metrics import snr_db
+from mxcheck.recipes import LINEAR_DIRECTIONS
 from mxcheck.text import table
 
 __all__ = [
@@ -154,8 +155,8 @@ def linear_floor(recipe: str, direction: str = "fwd") -> float:
     """The ``direction`` (fwd, dgrad, wgrad; bgrad: BGRAD_FLOOR_DB) SNR floor of a recipe's
     linear against float64 truth. A derived recipe ``base+sr`` (gradient SR, measured within
     1.5 dB of the base) has the base's floors. A recipe without a floor is a ValueError."""
-    if direction not in ("fwd", "dgrad", "wgrad", "bgrad"):
-        raise ValueError(f"direction={direction!r}; expected one of ['fwd', 'dgrad', 'wgrad', 'bgrad']")
+    if direction not in LINEAR_DIRECTIONS:
+        raise ValueError(f"direction={direction!r}; expected one of {list(LINEAR_DIRECTIONS)}")
     base = recipe.removesuffix(DERIVED_SUFFIX) if isinstance(recipe, str) else recipe
     try:
         f = LINEAR_SNR_FLOORS[base]

@@ -34,6 +34,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "mxcheck.layouts",  # vendor byte layouts of packed codes and scales
         "mxcheck.rng",  # seeded generators, no mxcheck imports
         "mxcheck.text",  # plain-text tables, no mxcheck imports
+        "mxcheck.nan_blocks",  # the codes of a NaN-scaled block, for every MX quantizer
     )),
     ("transforms", ("mxcheck.hadamard",)),
     ("scaling", ("mxcheck.scaling",)),

@@ -22,10 +22,10 @@ import io
 from dataclasses import dataclass
 
 from mxcheck.flux.config import FluxConfig, get_config
+from mxcheck.recipes import GEMM_DIRECTIONS
 from mxcheck.text import table
 
 __all__ = [
-    "DIRECTIONS",
     "GemmShape",
     "LinearInfo",
     "LinearShape",
@@ -36,8 +36,6 @@ __all__ = [
     "shapes_text",
     "unique_gemms",
 ]
-
-DIRECTIONS = ("fwd", "dgrad", "wgrad")
 
 
 @dataclass(frozen=True)
@@ -82,11 +80,11 @@ class LinearShape:
         i, o, t = self.linear.in_features, self.linear.out_features, self.tokens
         mnk = {"fwd": (t, o, i), "dgrad": (t, i, o), "wgrad": (o, i, t)}
         if direction not in mnk:
-            raise ValueError(f"direction={direction!r}: expected one of {DIRECTIONS}")
+            raise ValueError(f"direction={direction!r}: expected one of {GEMM_DIRECTIONS}")
         return GemmShape(self.name, direction, *mnk[direction])
 
     def gemms(self) -> tuple[GemmShape, ...]:
-        return tuple(self.gemm(d) for d in DIRECTIONS)
+        return tuple(self.gemm(d) for d in GEMM_DIRECTIONS)
 
 
 def _embedder(prefix: str, in_dim: int, hidden: int, stream: str) -> list[LinearInfo]:
