@@ -42,7 +42,7 @@ from mxcheck.sharded_training import (
     sharded_model,
     train_sharded,
 )
-from mxcheck.stats import StatsProbe
+from mxcheck.stats_probe import StatsProbe
 from mxcheck.training import (
     TrainConfig,
     _dataset,

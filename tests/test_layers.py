@@ -61,7 +61,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     )),
     ("training", ("mxcheck.training", "mxcheck.sharded_training")),
     ("harness", (
-        "mxcheck.plugin", "mxcheck.report", "mxcheck.cli", "mxcheck.__main__",
+        "mxcheck.plugin", "mxcheck.deps", "mxcheck.report", "mxcheck.cli", "mxcheck.__main__",
         "mxcheck.sweep", "mxcheck.deploy", "mxcheck.distributed", "mxcheck.distributed_check",
     )),
 )

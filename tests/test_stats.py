@@ -16,7 +16,8 @@ from mxcheck.flux import Flux, break_zero_init, init_weights, make_inputs, quant
 from mxcheck.recipes import GEMMS, OperandSpec, get_recipe
 from mxcheck.report import Report, render_html
 from mxcheck.report.html import block_stats_figure
-from mxcheck.stats import BlockStats, StatsProbe, block_stats, synthetic
+from mxcheck.stats import BlockStats, block_stats, synthetic
+from mxcheck.stats_probe import StatsProbe
 from tests._helpers import run_cli
 
 pytestmark = pytest.mark.emulated
