@@ -2,32 +2,32 @@
 
 Each ``assert_*`` returns what it measured and raises :class:`NumericsError` naming the
 comparison (``context``: backend, recipe, layer, direction, M/N/K), the numbers and the
-worst elements. :class:`Numerics` (the plugin's ``numerics`` fixture) runs the same checks
-and records a :class:`~mxcheck.report.schema.Record` for each, pass or fail, before it
-raises. DESIGN.md's traps are refused rather than passed vacuously: an all-zero SNR
-comparison fails and ``assert_nonzero_grads`` names every zero or missing gradient
-(trap 1); ``count_graph_breaks`` refuses inputs with no autograd graph (trap 3).
+worst elements; each has a ``check_*`` twin that returns the :class:`~mxcheck.outcome.Outcome`
+instead, for the report recorder (``mxcheck.report.recorder.Numerics``, the plugin's
+``numerics`` fixture). DESIGN.md's traps are refused rather than passed vacuously: an
+all-zero SNR comparison fails and ``assert_nonzero_grads`` names every zero or missing
+gradient (trap 1). ``count_graph_breaks`` (``mxcheck.graph_breaks``, trap 3) and
+``assert_deterministic`` (``mxcheck.determinism``) are re-exported here.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import math
-import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from mxcheck.determinism import assert_deterministic
 from mxcheck.formats import FORMATS, FloatFormat
+from mxcheck.graph_breaks import count_graph_breaks
 from mxcheck.metrics import ULP_NAN, BitDiff, bit_diff, cosine, max_abs_error, snr_db
-from mxcheck.report.schema import Record
+from mxcheck.outcome import CONTEXT_KEYS, Context, NumericsError, Outcome, raise_unless, say
 
 __all__ = [
     "CONTEXT_KEYS",
-    "Numerics",
     "NumericsError",
     "RoundingResult",
     "SNRResult",
@@ -40,41 +40,11 @@ __all__ = [
     "ulp",
 ]
 
-Context = Mapping[str, object] | None
-CONTEXT_KEYS = ("backend", "recipe", "layer", "direction", "m", "n", "k")
 _ZERO_INIT_HINT = ("a zero-initialised output layer (adaLN-Zero, DESIGN.md trap 1) makes every "
                    "upstream gradient exactly zero: break the zero-init before checking a GEMM")
 # torch dtype -> the format with its exact layout (bf16, fp16, the fp8 types, e8m0).
 _DTYPE_FORMATS = {f.torch_dtype: f for f in FORMATS.values()
                   if f.torch_dtype is not None and f.bits == 8 * f.torch_dtype.itemsize}
-
-
-class NumericsError(AssertionError):
-    """A numeric check failed; the message names the comparison and what differs."""
-
-
-@dataclass(frozen=True)
-class _Outcome:
-    value: Any  # what the public assert returns
-    passed: bool
-    message: str
-    fields: dict[str, Any] = field(default_factory=dict)  # the Record fields it fills
-
-
-def _raise_unless(out: _Outcome) -> Any:
-    if not out.passed:
-        raise NumericsError(out.message)
-    return out.value
-
-
-def _say(head: str, context: Context, *details: str) -> str:
-    """``head: backend=b recipe=r layer=l wgrad M=.. N=.. K=.. other=..; detail; ...``"""
-    ctx = {k: v for k, v in (context or {}).items() if v is not None and v != ""}
-    where = [f"{k}={ctx[k]}" for k in ("backend", "recipe", "layer") if k in ctx]
-    where += [str(ctx["direction"])] if "direction" in ctx else []
-    where += [f"{k.upper()}={ctx[k]}" for k in ("m", "n", "k") if k in ctx]
-    where += [f"{k}={v}" for k, v in ctx.items() if k not in CONTEXT_KEYS]
-    return "; ".join([f"{head}: {' '.join(where)}" if where else head, *filter(None, details)])
 
 
 def _check_pair(test: torch.Tensor, ref: torch.Tensor, names: tuple[str, str]) -> None:
@@ -89,12 +59,6 @@ def _check_pair(test: torch.Tensor, ref: torch.Tensor, names: tuple[str, str]) -
 def _index(flat: int, shape: Sequence[int]) -> tuple[int, ...]:
     return tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), tuple(shape)))
 
-
-def _digest(t: torch.Tensor) -> str:
-    """First 16 hex digits of the sha256 of the tensor's bytes (row-major)."""
-    flat = t.detach().cpu().contiguous().reshape(-1)
-    raw = flat.to(torch.uint8) if flat.dtype == torch.bool else flat.view(torch.uint8)
-    return hashlib.sha256(raw.numpy().tobytes()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -115,8 +79,8 @@ class SNRResult:
         return {k: v for k, v in dataclasses.asdict(self).items() if k != "worst"}
 
 
-def _check_snr(test: torch.Tensor, ref: torch.Tensor, threshold_db: float,
-               context: Context) -> _Outcome:
+def check_snr(test: torch.Tensor, ref: torch.Tensor, threshold_db: float,
+               context: Context) -> Outcome:
     _check_pair(test, ref, ("test", "ref"))
     threshold_db = float(threshold_db)
     t, r = test.detach().double(), ref.detach().double()
@@ -143,7 +107,7 @@ def _check_snr(test: torch.Tensor, ref: torch.Tensor, threshold_db: float,
     if worst and not passed and not vacuous:
         details.append("largest errors: " + ", ".join(
             f"{list(i)} test {tv:.6g} ref {rv:.6g}" for i, tv, rv in worst))
-    return _Outcome(value, passed, _say(head, context, *details), value.to_record_fields())
+    return Outcome(value, passed, say(head, context, *details), value.to_record_fields())
 
 
 def assert_snr(test: torch.Tensor, ref: torch.Tensor, threshold_db: float, *,
@@ -153,7 +117,7 @@ def assert_snr(test: torch.Tensor, ref: torch.Tensor, threshold_db: float, *,
     A NaN SNR fails, and so does an all-zero test against an all-zero ref: that comparison
     has no signal and would pass whatever the backend did (the zero-init trap).
     """
-    return _raise_unless(_check_snr(test, ref, threshold_db, context))
+    return raise_unless(check_snr(test, ref, threshold_db, context))
 
 
 def _float_max_ulp(t: torch.Tensor, r: torch.Tensor) -> int:
@@ -169,8 +133,8 @@ def _float_max_ulp(t: torch.Tensor, r: torch.Tensor) -> int:
     return int(dist.max())
 
 
-def _check_bitwise(test: torch.Tensor, ref: torch.Tensor, fmt: str | FloatFormat | None,
-                   context: Context) -> _Outcome:
+def check_bitwise(test: torch.Tensor, ref: torch.Tensor, fmt: str | FloatFormat | None,
+                   context: Context) -> Outcome:
     _check_pair(test, ref, ("test", "ref"))
     if test.dtype != ref.dtype:
         raise TypeError(f"test.dtype={test.dtype} and ref.dtype={ref.dtype}; bitwise equality "
@@ -188,12 +152,12 @@ def _check_bitwise(test: torch.Tensor, ref: torch.Tensor, fmt: str | FloatFormat
         [] if ulps is None else ["max ulp NaN vs number" if ulps >= ULP_NAN else f"max {ulps} ulp"]))
     head = (f"bit-identical: {diff.total:,} elements ({how})" if diff.equal else
             f"{diff.n_diff:,} of {diff.total:,} elements differ bitwise ({how})")
-    msg = _say(head, context, f"shape {list(diff.shape)}")
+    msg = say(head, context, f"shape {list(diff.shape)}")
     if not diff.equal:  # BitDiff's list of the first differences, one per line
         msg += "\n" + "\n".join(str(diff).split("\n")[1:])
     fields = {"bit_equal": diff.equal, "mismatches": diff.n_diff, "total": diff.total,
               "passed": diff.equal, "extra": {"max_ulp": ulps}}
-    return _Outcome(diff, diff.equal, msg, fields)
+    return Outcome(diff, diff.equal, msg, fields)
 
 
 def assert_bitwise_equal(test: torch.Tensor, ref: torch.Tensor, *,
@@ -202,7 +166,7 @@ def assert_bitwise_equal(test: torch.Tensor, ref: torch.Tensor, *,
     and signs, and -0 against +0, count). Code tensors with ``fmt``, and float tensors, get
     their first differences decoded and the largest ULP distance in the message.
     """
-    return _raise_unless(_check_bitwise(test, ref, fmt, context))
+    return raise_unless(check_bitwise(test, ref, fmt, context))
 
 
 def ulp(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -238,8 +202,8 @@ class RoundingResult:
     passed: bool
 
 
-def _check_rounding(result: torch.Tensor, exact: torch.Tensor, dtype: torch.dtype, k: int,
-                    context: Context) -> _Outcome:
+def check_rounding(result: torch.Tensor, exact: torch.Tensor, dtype: torch.dtype, k: int,
+                    context: Context) -> Outcome:
     _check_pair(result, exact, ("result", "exact"))
     if isinstance(k, bool) or not isinstance(k, int) or k < 0:
         raise ValueError(f"k={k!r}; expected an int >= 0 (how many ulps, one per rounding)")
@@ -257,7 +221,7 @@ def _check_rounding(result: torch.Tensor, exact: torch.Tensor, dtype: torch.dtyp
              f"{value.worst_exact!r} is {value.max_ulps:.3g} ulp (ulp there {float(u[i])!r})")
     fields = {"max_abs_error": value.max_abs_error, "mismatches": exceed, "total": r.numel(),
               "passed": value.passed, "extra": {"max_ulps": value.max_ulps, "k": k, "dtype": name}}
-    return _Outcome(value, value.passed, _say(head, context, worst), fields)
+    return Outcome(value, value.passed, say(head, context, worst), fields)
 
 
 def assert_within_rounding(result: torch.Tensor, exact: torch.Tensor, dtype: torch.dtype, *,
@@ -268,7 +232,7 @@ def assert_within_rounding(result: torch.Tensor, exact: torch.Tensor, dtype: tor
     then bf16) by just over half, so k=1 holds a result rounded once or twice; allow one
     more ulp per further rounding the computation performs.
     """
-    return _raise_unless(_check_rounding(result, exact, dtype, k, context))
+    return raise_unless(check_rounding(result, exact, dtype, k, context))
 
 
 def _named(params: Any, names: Sequence[str] | None) -> list[tuple[str, torch.Tensor]]:
@@ -291,7 +255,7 @@ def _named(params: Any, names: Sequence[str] | None) -> list[tuple[str, torch.Te
     return [(str(n), p) for n, p in pairs]
 
 
-def _check_grads(params: Any, names: Sequence[str] | None, context: Context) -> _Outcome:
+def check_grads(params: Any, names: Sequence[str] | None, context: Context) -> Outcome:
     pairs = _named(params, names)
     measured: dict[str, float | None] = {}
     bad: dict[str, list[str]] = {"none": [], "zero": [], "nonfinite": []}
@@ -309,7 +273,7 @@ def _check_grads(params: Any, names: Sequence[str] | None, context: Context) -> 
     hint = _ZERO_INIT_HINT if bad["zero"] else ""
     fields = {"mismatches": len(listed), "total": len(pairs), "passed": not listed,
               "extra": {k: v for k, v in bad.items() if v}}
-    return _Outcome(measured, not listed, _say(head, context, *listed, hint), fields)
+    return Outcome(measured, not listed, say(head, context, *listed, hint), fields)
 
 
 def assert_nonzero_grads(params: torch.nn.Module | Iterable[tuple[str, torch.Tensor]], *,
@@ -322,215 +286,5 @@ def assert_nonzero_grads(params: torch.nn.Module | Iterable[tuple[str, torch.Ten
     lists every offender and says whether its grad is None, all zeros or non-finite. An
     empty list is refused (ValueError).
     """
-    return _raise_unless(_check_grads(params, names, context))
+    return raise_unless(check_grads(params, names, context))
 
-
-def _leaves(obj: Any, path: str = "out") -> Iterator[tuple[str, Any]]:
-    """(path, leaf) for tensors and other leaves in nested lists, tuples and dicts."""
-    if isinstance(obj, Mapping):
-        for key, v in obj.items():
-            yield from _leaves(v, f"{path}[{key!r}]")
-    elif isinstance(obj, (list, tuple)):
-        for i, v in enumerate(obj):
-            yield from _leaves(v, f"{path}[{i}]")
-    else:
-        yield path, obj
-
-
-def _tensors(obj: Any) -> list[torch.Tensor]:
-    return [v for _, v in _leaves(obj) if isinstance(v, torch.Tensor)]
-
-
-def _autograd_leaves(roots: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Every leaf tensor the autograd graph of roots accumulates into."""
-    seen, out, stack = set(), [], [t.grad_fn for t in roots]
-    while stack:
-        node = stack.pop()
-        if node is not None and node not in seen:
-            seen.add(node)
-            leaf = getattr(node, "variable", None)  # only AccumulateGrad nodes have one
-            out += [leaf] if leaf is not None else []
-            stack += [n for n, _ in node.next_functions]
-    return out
-
-
-def _backward_graphs(fn: Callable[..., Any], args: tuple, kwargs: dict) -> int:
-    """Graphs dynamo compiles for the backward of one eager call, under compiled autograd."""
-    import torch._dynamo.compiled_autograd as compiled_autograd  # noqa: PLC0415
-
-    roots = [t for t in _tensors(fn(*args, **kwargs)) if t.grad_fn is not None]
-    if not roots:
-        raise ValueError("no output of fn carries an autograd graph, so there is no backward "
-                         "to trace; pass backward=False to count the forward only")
-    graphs = []
-
-    def counting_backend(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
-        graphs.append(gm)
-        return gm.forward
-
-    loss = sum(t.float().sum() for t in roots)
-    with compiled_autograd._enable(lambda gm: torch.compile(gm, backend=counting_backend)):
-        # autograd.grad, not .backward(): the caller's .grad fields stay as they were.
-        torch.autograd.grad(loss, _autograd_leaves(roots), allow_unused=True)
-    return len(graphs)
-
-
-def count_graph_breaks(fn: Callable[..., Any], *args: Any, backward: bool = True,
-                       **kwargs: Any) -> int:
-    """Graph breaks torch.compile meets in fn's forward and (by default) its backward.
-
-    Forward: ``torch._dynamo.explain(fn)(*args, **kwargs).graph_break_count``. With an input
-    that requires grad, dynamo (torch 2.13) traces each custom autograd Function's backward
-    while tracing the forward, so a break inside it shows as a break at ``apply``; without
-    one it is never traced and reads zero (DESIGN.md trap 3): refused with a ValueError.
-    Backward: fn runs eagerly once more and the gradient of the sum of its outputs is taken
-    under compiled autograd, counting graphs - 1 as explain does; custom Functions' Python
-    backward and tensor hooks are traced there, and one break in them counts more than
-    once (the compiled-autograd graph splits around the call too). So 0 means clean; the
-    size of a positive count is dynamo's. No ``.grad`` is changed. A module ``fn`` (or its
-    bound method) counts its parameters as inputs. Dynamo is reset before and after, and
-    warnings torch raises from inside its own tracing are silenced.
-    """
-    found = _tensors((args, kwargs))
-    found += [p for m in (fn, getattr(fn, "__self__", None)) if isinstance(m, torch.nn.Module)
-              for p in m.parameters()]
-    if not any(t.requires_grad for t in found):
-        raise ValueError(
-            f"none of the {len(found)} tensor inputs requires grad: without an autograd graph "
-            "dynamo never traces the backward (custom Functions' backward included), so the "
-            "count reads zero whatever it holds (DESIGN.md trap 3); call requires_grad_() on "
-            "the inputs or weights the backward differentiates")
-    import torch._dynamo as dynamo  # noqa: PLC0415
-
-    with warnings.catch_warnings():
-        # torch warns from inside its own tracing (an autograd.Function instantiated, .grad
-        # of a non-leaf read); under pytest's -W error those would abort the trace.
-        warnings.filterwarnings("ignore", module=r"torch(\.|$)")
-        dynamo.reset()
-        try:
-            breaks = dynamo.explain(fn)(*args, **kwargs).graph_break_count
-            if backward:
-                dynamo.reset()
-                breaks += max(_backward_graphs(fn, args, kwargs) - 1, 0)
-        finally:
-            dynamo.reset()
-    return breaks
-
-
-def _first_difference(a: list[tuple[str, Any]], b: list[tuple[str, Any]]) -> tuple[str, int]:
-    """(where the first difference is, how many elements differ there), or ("", 0)."""
-    if [p for p, _ in a] != [p for p, _ in b]:
-        return f"output structure differs: {[p for p, _ in a]} vs {[p for p, _ in b]}", 1
-    for (path, x), (_, y) in zip(a, b, strict=True):
-        if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)):
-            if type(x) is not type(y) or (x != y and not (x != x and y != y)):  # NaN == NaN
-                return f"{path}: {x!r} vs {y!r}", 1
-        elif x.dtype != y.dtype or x.shape != y.shape:
-            return f"{path}: {x.dtype}{list(x.shape)} vs {y.dtype}{list(y.shape)}", x.numel()
-        else:
-            x, y = (x.to(torch.uint8), y.to(torch.uint8)) if x.dtype == torch.bool else (x, y)
-            x, y = (torch.view_as_real(x), torch.view_as_real(y)) if x.is_complex() else (x, y)
-            d = bit_diff(x.detach(), y.detach(), limit=1)
-            if not d.equal:
-                i = d.indices[0]
-                return (f"{path}: {d.n_diff:,} of {d.total:,} elements differ; first {list(i)}: "
-                        f"{x[i].item()!r} (bits {d.test_codes[0]:#x}) vs {y[i].item()!r} "
-                        f"(bits {d.ref_codes[0]:#x})"), d.n_diff
-    return "", 0
-
-
-def _check_deterministic(fn: Callable[..., Any], args: tuple, kwargs: dict, runs: int,
-                         context: Context) -> _Outcome:
-    if isinstance(runs, bool) or not isinstance(runs, int) or runs < 2:
-        raise ValueError(f"runs={runs!r}; expected an int >= 2")
-    output = fn(*args, **kwargs)
-    # Cloned: a function that returns one reused buffer would otherwise match itself.
-    first = [(p, v.detach().clone() if isinstance(v, torch.Tensor) else v)
-             for p, v in _leaves(output)]
-    total = sum(v.numel() for _, v in first if isinstance(v, torch.Tensor))
-    fields = {"total": total, "extra": {"runs": runs}}
-    for run in range(2, runs + 1):
-        problem, n_diff = _first_difference(first, list(_leaves(fn(*args, **kwargs))))
-        if problem:
-            msg = _say(f"not deterministic: run {run} of {runs} differs from run 1", context,
-                       problem)
-            return _Outcome(None, False, msg, {**fields, "passed": False, "mismatches": n_diff})
-    msg = _say(f"deterministic: {runs} runs bit-identical ({total:,} tensor elements)", context)
-    return _Outcome(output, True, msg, {**fields, "passed": True, "mismatches": 0})
-
-
-def assert_deterministic(fn: Callable[..., Any], *args: Any, runs: int = 3,
-                         context: Context = None, **kwargs: Any) -> Any:
-    """fn(*args, **kwargs) called ``runs`` times gives bit-identical outputs (tensors in
-    nested lists, tuples and dicts through integer views; other leaves by ==). Returns
-    the first run's output; the failure names the first differing output and element.
-    """
-    return _raise_unless(_check_deterministic(fn, args, kwargs, runs, context))
-
-
-def _check_precision(manifest: Any, recipe: Any, kwargs: dict[str, Any], context: Context) -> _Outcome:
-    fields: dict[str, Any] = {"extra": {"precision_manifest": manifest.to_json()}}
-    try:
-        manifest.check(recipe, **kwargs)
-    except NumericsError as e:  # PrecisionError: the layers and directions that ran otherwise
-        return _Outcome(manifest, False, _say("precision manifest", context, str(e)), {**fields, "passed": False})
-    return _Outcome(manifest, True, "", {**fields, "passed": True})
-
-
-class Numerics:
-    """The ``numerics`` fixture: the assertions above with the test's context, each
-    recorded into the report (pass or fail) before a failure is raised.
-
-    Give each comparison of one test a distinct layer/direction through ``.context`` so
-    ``mxcheck compare`` can pair it with its baseline. An empty recipe is recorded as "none".
-    """
-
-    def __init__(self, record: Callable[[Record], None], test_id: str,
-                 backend: str = "emulated", recipe: str = "", *, context: Context = None) -> None:
-        self._record = record
-        self.test_id = test_id
-        self._context = {"backend": backend, "recipe": recipe, **dict(context or {})}
-
-    def context(self, **fields: object) -> Numerics:
-        """A new Numerics with these fields (backend, recipe, layer, direction, m, n, k)."""
-        unknown = sorted(set(fields) - set(CONTEXT_KEYS))
-        if unknown:
-            raise ValueError(f"unknown context field(s) {unknown}; expected {list(CONTEXT_KEYS)}")
-        return Numerics(self._record, self.test_id, context={**self._context, **fields})
-
-    def _run(self, kind: str, out: _Outcome, digest: str | None = None) -> Any:
-        ctx, fields = self._context, dict(out.fields)
-        extra = {**fields.pop("extra", {}), **({"digest": digest} if digest else {})}
-        self._record(Record(
-            test_id=self.test_id, backend=str(ctx.get("backend") or "emulated"),
-            recipe=str(ctx.get("recipe") or "none"), layer=ctx.get("layer"),
-            direction=ctx.get("direction"), m=ctx.get("m"), n=ctx.get("n"), k=ctx.get("k"),
-            kind=kind, message=out.message, extra=extra, **fields))
-        return _raise_unless(out)
-
-    def snr(self, test: torch.Tensor, ref: torch.Tensor, threshold_db: float) -> SNRResult:
-        return self._run("snr", _check_snr(test, ref, threshold_db, self._context), _digest(test))
-
-    def bitwise(self, test: torch.Tensor, ref: torch.Tensor,
-                fmt: str | FloatFormat | None = None) -> BitDiff:
-        return self._run("bitwise", _check_bitwise(test, ref, fmt, self._context), _digest(test))
-
-    def within_rounding(self, result: torch.Tensor, exact: torch.Tensor, dtype: torch.dtype, *,
-                        k: int = 1) -> RoundingResult:
-        return self._run("rounding", _check_rounding(result, exact, dtype, k, self._context))
-
-    def nonzero_grads(self, params: torch.nn.Module | Iterable[tuple[str, torch.Tensor]], *,
-                      names: Sequence[str] | None = None) -> dict[str, float | None]:
-        return self._run("grads", _check_grads(params, names, self._context))
-
-    def precision(self, manifest: Any, recipe: Any, **check_kwargs: Any) -> Any:
-        """``manifest.check(recipe)`` (a ``mxcheck.manifest.PrecisionManifest``), recorded
-        with the whole manifest in the record's ``extra["precision_manifest"]``."""
-        return self._run("precision", _check_precision(manifest, recipe, check_kwargs, self._context))
-
-    def deterministic(self, fn: Callable[..., Any], *args: Any, runs: int = 3,
-                      **kwargs: Any) -> Any:
-        out = _check_deterministic(fn, args, kwargs, runs, self._context)
-        tensors = _tensors(out.value) if out.passed else []
-        digest = hashlib.sha256("".join(map(_digest, tensors)).encode()).hexdigest()[:16]
-        return self._run("deterministic", out, digest if tensors else None)

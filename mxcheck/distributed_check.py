@@ -30,18 +30,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mxcheck.assertions import Numerics, NumericsError
+from mxcheck.assertions import NumericsError
 from mxcheck.distributed import RankInfo, gather_report, init_process_group, rank_payload
 from mxcheck.flux import quantized_linears
 from mxcheck.manifest import trace_precision
 from mxcheck.report import Record
+from mxcheck.report.recorder import Numerics
 from mxcheck.sharded_training import (
     rows_of,
     sharded_forward,
     sharded_model,
     train_sharded,
 )
-from mxcheck.stats import StatsProbe
+from mxcheck.stats_probe import StatsProbe
 from mxcheck.training import (
     TrainConfig,
     _dataset,

@@ -22,6 +22,7 @@ import torch
 from mxcheck.formats import FloatFormat, decode_table
 from mxcheck.profiles import QUIRK_FIELDS, Profile, get_profile
 from mxcheck.scaling.blocks import block_amax
+from mxcheck.text import table
 
 __all__ = ["DIVERGENCE_TABLE", "INPUTS", "Case", "ClassResult", "DivergenceReport", "Example",
            "battery", "cases_for", "divergence", "table_json", "table_text"]
@@ -159,7 +160,7 @@ class DivergenceReport:
             rows.append((c.name, str(c.blocks), _count(c.scale_diff, c.blocks), str(c.elements),
                          _count(c.code_diff, c.elements), ", ".join(map(str, c.cases)) or "-"))
         out = [f"{self.a} vs {self.b}: {self.fmt}, blocks of {self.block_size}, inputs {self.inputs!r}, "
-               f"seed {self.seed}\nprofiles differ in: {diffs}\n\n", _columns(rows)]
+               f"seed {self.seed}\nprofiles differ in: {diffs}\n\n", table(rows, indent="")]
         examples = [(c.name, e) for c in self.classes for e in c.examples[:1]]
         if examples:
             out.append(f"\nexamples (scale and code: {self.a} | {self.b}):\n")
@@ -178,11 +179,6 @@ def _count(n: int, of: int) -> str:
 def _total(classes: tuple[ClassResult, ...]) -> ClassResult:
     s = lambda attr: sum(getattr(c, attr) for c in classes)  # noqa: E731
     return ClassResult("total", "", s("blocks"), s("scale_diff"), s("elements"), s("code_diff"), (), ())
-
-
-def _columns(rows: list[tuple[str, ...]]) -> str:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() + "\n" for r in rows)
 
 
 def _value(v: object) -> str:

@@ -5,7 +5,7 @@ dispatched during a forward and backward, and attributes to each linear and dire
 (fwd, dgrad, wgrad):
 
 - ``mxcheck::quantize`` / ``mxcheck::gemm``, which the reference Function dispatches for
-  every operand it quantizes and every GEMM it runs (``mxcheck.ops``), carrying the layer,
+  every operand it quantizes and every GEMM it runs (``mxcheck.trace_ops``), carrying the layer,
   operand or direction, format, scaling and scale rule actually applied;
 - known vendor ops (``VENDOR_OPS``: Primus' ``primus::quantize_mxfp4_dual``, Primus-Turbo's
   ``gemm_fp4_impl``/``gemm_fp6_impl``/``gemm_fp8_impl`` and their ``*_accum_impl`` forms,
@@ -43,14 +43,14 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from mxcheck.assertions import NumericsError
 from mxcheck.flux.quantize import DEFAULT_INCLUDE, patterns
-from mxcheck.ops import UNTRACED, in_oracle
-from mxcheck.recipes import Recipe, get_recipe
+from mxcheck.outcome import Context, NumericsError, Outcome, say
+from mxcheck.recipes import GEMM_DIRECTIONS, Recipe, get_recipe
+from mxcheck.trace_ops import UNTRACED, in_oracle
 
-__all__ = ["FLOAT_GEMM_OPS", "UNTRACED", "VENDOR_OPS", "OpEntry", "PrecisionError", "PrecisionManifest", "trace_precision"]
+__all__ = ["FLOAT_GEMM_OPS", "UNTRACED", "VENDOR_OPS", "OpEntry", "PrecisionError", "PrecisionManifest", "check_precision",
+           "trace_precision"]
 
-DIRECTIONS = ("fwd", "dgrad", "wgrad")
 _OPERAND_DIRECTION = {"x_row": "fwd", "w_row": "fwd", "g_row": "dgrad", "w_col": "dgrad",
                       "g_col": "wgrad", "x_col": "wgrad"}
 # Matmuls that, on float inputs, are a GEMM run in that float dtype.
@@ -269,9 +269,9 @@ class PrecisionManifest(TorchDispatchMode):
         recipe = get_recipe(recipe)
         include = patterns(include, "include")
         dirs = patterns(directions, "directions") if directions is not None else (
-            DIRECTIONS if self.backward_seen else ("fwd",))
-        if unknown := [d for d in dirs if d not in DIRECTIONS]:
-            raise ValueError(f"directions={dirs!r}: {unknown} not among {DIRECTIONS}")
+            GEMM_DIRECTIONS if self.backward_seen else ("fwd",))
+        if unknown := [d for d in dirs if d not in GEMM_DIRECTIONS]:
+            raise ValueError(f"directions={dirs!r}: {unknown} not among {GEMM_DIRECTIONS}")
         layers = [n for n in self._names if any(fnmatch.fnmatchcase(n, p) for p in include)]
         if not layers:
             raise PrecisionError(f"include={include!r} matches no linear of the traced model")
@@ -329,3 +329,15 @@ def trace_precision(model: nn.Module) -> Iterator[PrecisionManifest]:
             yield manifest
     finally:
         manifest.remove_hooks()
+
+
+def check_precision(manifest: PrecisionManifest, recipe: Any, kwargs: dict[str, Any],
+                    context: Context) -> Outcome:
+    """``manifest.check(recipe, **kwargs)`` as an Outcome carrying the whole manifest (for
+    the report recorder's ``numerics.precision``)."""
+    fields: dict[str, Any] = {"extra": {"precision_manifest": manifest.to_json()}}
+    try:
+        manifest.check(recipe, **kwargs)
+    except NumericsError as e:  # PrecisionError: the layers and directions that ran otherwise
+        return Outcome(manifest, False, say("precision manifest", context, str(e)), {**fields, "passed": False})
+    return Outcome(manifest, True, "", {**fields, "passed": True})

@@ -22,6 +22,7 @@ import torch
 from mxcheck import backends as backend_registry
 from mxcheck import hardware
 from mxcheck.cli import add_max_drop_option
+from mxcheck.deps import REQUIRE_DEPS_ENV, export_require_deps, needs
 from mxcheck.report import (
     Record,
     Report,
@@ -40,7 +41,6 @@ SEEDED_FIXTURES = frozenset({"mxcheck_generator", "mxcheck_seed"})
 # An xfail whose reason starts so is a witness library (ml_dtypes, torch, gfloat, torchao)
 # newer than the versions a test pinned, answering differently: counted in the report.
 WITNESS_DRIFT = "witness drift:"
-REQUIRE_DEPS_ENV = "MXCHECK_REQUIRE_DEPS"  # "1": a missing declared test dependency fails
 
 
 # ------------------------------------------------------------------ options
@@ -112,54 +112,9 @@ def pytest_configure(config: pytest.Config) -> None:
     worker = getattr(config, "workerinput", {}).get("workerid")
     if worker:  # before any test touches the GPU: one device per xdist worker
         os.environ.update(hardware.pin_worker(worker, hardware.detect_without_init(), dict(os.environ)))
-    _export_require_deps(config)
+    export_require_deps(config)
     collector = config.stash[COLLECTOR] = Collector.from_config(config)
     config.pluginmanager.register(collector, "mxcheck-collector")
-
-
-def _export_require_deps(config: pytest.Config) -> None:
-    """Hand --mxcheck-require-deps to ``needs`` (which test modules call at import, with no
-    config at hand) through the environment, restored when this config ends."""
-    if config.getoption("mxcheck_require_deps"):
-        env = pytest.MonkeyPatch()
-        env.setenv(REQUIRE_DEPS_ENV, "1")
-        config.add_cleanup(env.undo)
-
-
-class needs:  # lower case: a context manager read as a phrase, like contextlib.suppress
-    """Wrap the imports of declared test dependencies (the ``[test]`` extra). One of
-    ``packages`` missing skips the test, or the whole module at module level, with a reason
-    naming it; under ``--mxcheck-require-deps`` (CI) it fails instead, so CI cannot go green
-    without it. Any other missing module is an error as usual::
-
-        with needs("gfloat", "ml_dtypes"):
-            import gfloat
-            from ml_dtypes import float8_e4m3fn
-    """
-
-    def __init__(self, *packages: str) -> None:
-        if not packages or not all(isinstance(p, str) and p and "." not in p for p in packages):
-            raise ValueError(f"needs{packages!r}: expected one or more top-level package names, "
-                             "such as needs('gfloat', 'ml_dtypes')")
-        self.packages = packages
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 tb: Any) -> bool:
-        __tracebackhide__ = True  # the skip or failure points at the import, not here
-        if not isinstance(error, ModuleNotFoundError):
-            return False
-        top = (error.name or "").partition(".")[0]
-        if top not in self.packages:
-            return False
-        reason = f"missing package {top} ({error}); pip install -e '.[test]'"
-        if os.environ.get(REQUIRE_DEPS_ENV) == "1":
-            raise pytest.fail.Exception(
-                f"{reason}. --mxcheck-require-deps ({REQUIRE_DEPS_ENV}=1): a declared test "
-                "dependency must be installed", pytrace=False) from None
-        raise pytest.skip.Exception(reason, allow_module_level=True) from None
 
 
 class Collector:
@@ -416,9 +371,9 @@ def mxcheck_generator(request: pytest.FixtureRequest, mxcheck_seed: int) -> torc
 
 @pytest.fixture
 def numerics(request: pytest.FixtureRequest) -> Any:
-    """Assertions (an ``mxcheck.assertions.Numerics``) that record each comparison into
+    """Assertions (an ``mxcheck.report.recorder.Numerics``) that record each comparison into
     the run's report."""
-    from mxcheck.assertions import Numerics  # noqa: PLC0415  (keeps plugin import light)
+    from mxcheck.report.recorder import Numerics  # noqa: PLC0415  (keeps plugin import light)
 
     node = request.node
     backend = getattr(node, "callspec", None) and node.callspec.params.get("backend")

@@ -30,6 +30,7 @@ import torch
 
 from mxcheck.formats import ROUNDINGS, FloatFormat, encode_bits_float, get_format
 from mxcheck.hadamard import apply_hadamard, get_hadamard
+from mxcheck.nan_blocks import nan_block_codes
 from mxcheck.scaling.blocks import block_amax
 from mxcheck.scaling.mx import MX_ELEMENT_FORMATS, e8m0_reciprocal, mx_quantize
 from mxcheck.scaling.rules import E8M0_NAN, SCALE_RULES
@@ -196,10 +197,10 @@ _SCALE_QUIRKS = (
 
 
 def _encode(p: Profile, x: torch.Tensor, fmt: FloatFormat, multiplier: torch.Tensor) -> torch.Tensor:
-    """Codes of x * multiplier (one float32 per block), as mx_quantize encodes its elements."""
-    codes = encode_bits_float(x.unflatten(-1, (-1, p.block_size)), fmt, p.rounding,
-                              scale=multiplier.unsqueeze(-1), nan_codes=False)
-    return codes.flatten(-2)
+    """Codes [..., blocks, block_size] of x * multiplier (one float32 per block), as
+    mx_quantize encodes its elements."""
+    return encode_bits_float(x.unflatten(-1, (-1, p.block_size)), fmt, p.rounding,
+                             scale=multiplier.unsqueeze(-1), nan_codes=False)
 
 
 def _per_element(mask: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -212,9 +213,8 @@ def _reencode(p: Profile, x, fmt, codes, old_scales, scales) -> torch.Tensor:
     changed = scales != old_scales
     if not bool(changed.any()):
         return codes
-    new = _encode(p, x, fmt, e8m0_reciprocal(scales))
-    new = torch.where(_per_element(scales == E8M0_NAN, p.block_size),
-                      fmt.nan_code if fmt.nan_code is not None else 0, new).to(torch.uint8)
+    new = nan_block_codes(_encode(p, x, fmt, e8m0_reciprocal(scales)), scales == E8M0_NAN, fmt)
+    new = new.flatten(-2).to(torch.uint8)
     return torch.where(_per_element(changed, p.block_size), new, codes)
 
 
@@ -225,7 +225,7 @@ def _clamp_byte_zero_blocks(p: Profile, x, fmt, codes, scales) -> torch.Tensor:
     if not bool(zero.any()):
         return codes
     multiplier = torch.full(scales.shape, 1.0 / p.subnormal_scale_clamp, dtype=torch.float32)
-    new = _encode(p, x, fmt, multiplier)
+    new = _encode(p, x, fmt, multiplier).flatten(-2)
     return torch.where(_per_element(zero, p.block_size), new, codes)
 
 

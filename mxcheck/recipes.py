@@ -25,11 +25,13 @@ from mxcheck.scaling.fp8 import FP8_FORMATS, FP8_GRANULARITIES, SCALE_FORMULAS
 from mxcheck.scaling.mx import MX_ELEMENT_FORMATS
 from mxcheck.scaling.rules import SCALE_RULES
 
-__all__ = ["DERIVED_RECIPES", "GEMMS", "OPERANDS", "RECIPES", "SCALINGS", "OperandSpec", "Recipe", "get_recipe"]
+__all__ = ["DERIVED_RECIPES", "GEMMS", "GEMM_DIRECTIONS", "LINEAR_DIRECTIONS", "OPERANDS", "RECIPES", "SCALINGS", "OperandSpec", "Recipe", "get_recipe"]
 
 OPERANDS = ("x_row", "w_row", "g_row", "w_col", "g_col", "x_col")
 # gemm -> (a operand, b operand, name of the contraction dim)
 GEMMS = {"fwd": ("x_row", "w_row", "K"), "dgrad": ("g_row", "w_col", "N"), "wgrad": ("g_col", "x_col", "M")}
+GEMM_DIRECTIONS = tuple(GEMMS)  # fwd, dgrad, wgrad
+LINEAR_DIRECTIONS = (*GEMM_DIRECTIONS, "bgrad")  # and the bias gradient, a column sum
 SCALINGS = ("mx", "nvfp4", "delayed", "none", *FP8_GRANULARITIES)
 
 

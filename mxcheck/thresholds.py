@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from mxcheck.metrics import snr_db
+from mxcheck.recipes import LINEAR_DIRECTIONS
+from mxcheck.text import table
 
 __all__ = [
     "BGRAD_FLOOR_DB",
@@ -41,6 +44,8 @@ __all__ = [
     "model_floor",
     "quantize_floor",
     "threshold_table",
+    "thresholds_json",
+    "thresholds_text",
 ]
 
 MIN_MARGIN_DB = 1.5
@@ -150,8 +155,8 @@ def linear_floor(recipe: str, direction: str = "fwd") -> float:
     """The ``direction`` (fwd, dgrad, wgrad; bgrad: BGRAD_FLOOR_DB) SNR floor of a recipe's
     linear against float64 truth. A derived recipe ``base+sr`` (gradient SR, measured within
     1.5 dB of the base) has the base's floors. A recipe without a floor is a ValueError."""
-    if direction not in ("fwd", "dgrad", "wgrad", "bgrad"):
-        raise ValueError(f"direction={direction!r}; expected one of ['fwd', 'dgrad', 'wgrad', 'bgrad']")
+    if direction not in LINEAR_DIRECTIONS:
+        raise ValueError(f"direction={direction!r}; expected one of {list(LINEAR_DIRECTIONS)}")
     base = recipe.removesuffix(DERIVED_SUFFIX) if isinstance(recipe, str) else recipe
     try:
         f = LINEAR_SNR_FLOORS[base]
@@ -215,3 +220,32 @@ def threshold_table(formats: tuple[str, ...] = ("e2m1", "e2m3", "e3m2", "e4m3", 
                     seed: int = 0) -> list[ThresholdRow]:
     """``measure`` for every format, scale rule and K."""
     return [measure(f, r, k, rows=rows, seed=seed) for f in formats for r in rules for k in ks]
+
+
+def _floor_tables() -> dict[str, dict[str, Floor]]:
+    return {"quantize": QUANTIZE_FLOORS, "gemm": GEMM_FLOORS, "linear": LINEAR_SNR_FLOORS}
+
+
+def thresholds_json(rows: list[ThresholdRow]) -> dict[str, Any]:
+    """The measured rows (with their margin) and every floor with its reason."""
+    return {"measured": [dict(r.__dict__, margin_db=r.margin_db) for r in rows],
+            "floors": {kind: {k: {"db": f.db, "reason": f.reason} for k, f in table.items()}
+                       for kind, table in _floor_tables().items()},
+            "bgrad_floor_db": BGRAD_FLOOR_DB}
+
+
+def thresholds_text(rows: list[ThresholdRow], *, n_rows: int, seed: int) -> str:
+    """The measured rows against their floors, then every floor table (``mxcheck thresholds``);
+    ``n_rows`` and ``seed`` are what the rows were measured with."""
+    measured = [["fmt", "rule", "K", "quantize dB", "floor", "GEMM dB", "floor", "fp32 acc. ceiling dB",
+                 "margin"]]
+    measured += [[r.fmt, r.scale_rule, str(r.k), f"{r.quantize_snr_db:.2f}", f"{r.quantize_floor_db:.1f}",
+                  f"{r.gemm_snr_db:.2f}", f"{r.gemm_floor_db:.1f}", f"{r.accumulation_ceiling_db:.1f}",
+                  f"{r.margin_db:+.2f}"] for r in rows]
+    lines = [f"Measured SNR against float64 on randn ({n_rows} x K, seed {seed}) and the floors the "
+             "suite asserts:", table(measured)]
+    for kind, entries in _floor_tables().items():
+        lines.append(f"{kind} floors:")
+        lines.append(table([[key, f"{f.db:.1f} dB", f.reason] for key, f in entries.items()]))
+    lines.append(f"bias gradient floor: {BGRAD_FLOOR_DB:.1f} dB\n")
+    return "\n".join(lines)

@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from mxcheck.assertions import (
-    Numerics,
     NumericsError,
     assert_bitwise_equal,
     assert_deterministic,
@@ -20,6 +19,7 @@ from mxcheck.assertions import (
     count_graph_breaks,
     ulp,
 )
+from mxcheck.report.recorder import Numerics
 from mxcheck.report.schema import Record
 
 pytestmark = pytest.mark.emulated

@@ -19,7 +19,8 @@ import pytest
 import torch
 
 import mxcheck
-from mxcheck.cli import build_parser, main
+from mxcheck.cli import build_parser
+from tests._helpers import run_cli
 
 pytestmark = pytest.mark.emulated
 
@@ -29,12 +30,6 @@ SMALL = DATA / "small.json"
 BASELINE = DATA / "baseline.json"
 COMMAND_NAMES = ["info", "formats", "report", "compare", "divergence", "lint", "tuned-coverage",
                  "aiter-log", "shapes", "sweep", "thresholds", "stats"]
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def assert_one_line_error(err: str, *needles: str) -> None:
@@ -49,7 +44,7 @@ def assert_one_line_error(err: str, *needles: str) -> None:
 
 
 def test_help_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(capsys, "--help")
+    code, out, _ = run_cli(capsys, "--help")
     assert code == 0
     for name in COMMAND_NAMES:
         assert re.search(rf"^ {{4}}{name}(\s|$)", out, re.MULTILINE), name
@@ -69,7 +64,7 @@ def test_every_option_with_a_default_says_it_in_its_help() -> None:
 
 
 def test_no_command_is_a_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run(capsys)
+    code, out, err = run_cli(capsys)
     assert (code, out) == (2, "")
     assert_one_line_error(err, "a command is required", "info, formats, report, compare")
 
@@ -80,7 +75,7 @@ def test_no_command_is_a_one_line_error(capsys: pytest.CaptureFixture[str]) -> N
 def test_info_json_describes_this_machine(capsys: pytest.CaptureFixture[str],
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("MXCHECK_FAKE_HARDWARE", raising=False)
-    code, out, _ = run(capsys, "info", "--json")
+    code, out, _ = run_cli(capsys, "info", "--json")
     info = json.loads(out)
     assert code == 0
     assert (info["mxcheck"], info["torch"]) == (mxcheck.__version__, torch.__version__)
@@ -98,7 +93,7 @@ def test_info_json_describes_this_machine(capsys: pytest.CaptureFixture[str],
 def test_info_under_a_faked_gfx950_runs_gfx950_markers_and_skips_cuda_ones(
         capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MXCHECK_FAKE_HARDWARE", "gfx950")
-    code, out, _ = run(capsys, "info", "--json")
+    code, out, _ = run_cli(capsys, "info", "--json")
     info = json.loads(out)
     assert code == 0
     assert info["hardware"] | {"description": ""} == {
@@ -112,7 +107,7 @@ def test_info_under_a_faked_gfx950_runs_gfx950_markers_and_skips_cuda_ones(
         "(gfx950, faked by MXCHECK_FAKE_HARDWARE)")
     assert markers["gfx942"]["reason"].startswith("gfx942: needs an AMD MI300X (gfx942) GPU;")
 
-    code, out, _ = run(capsys, "info")
+    code, out, _ = run_cli(capsys, "info")
     rows = {line.split()[0]: line.split(None, 2)[1:] for line in
             out.split("markers here:\n")[1].splitlines()}
     assert rows["gfx950"][0] == "runs"
@@ -127,11 +122,11 @@ def test_info_lists_each_backend_with_why_it_is_not_usable(
     registry.available_backends = lambda: {  # type: ignore[attr-defined]
         "emulated": (True, ""), "aiter": (False, "aiter not importable (No module named 'aiter')")}
     monkeypatch.setitem(sys.modules, "mxcheck.backends", registry)
-    code, out, _ = run(capsys, "info")
+    code, out, _ = run_cli(capsys, "info")
     assert code == 0
     assert ("backends:\n  emulated  usable\n"
             "  aiter     not usable: aiter not importable (No module named 'aiter')\n") in out
-    _, out, _ = run(capsys, "info", "--json")
+    _, out, _ = run_cli(capsys, "info", "--json")
     assert json.loads(out)["backends"]["aiter"] == {
         "usable": False, "reason": "aiter not importable (No module named 'aiter')"}
 
@@ -142,10 +137,10 @@ def test_info_without_a_backend_registry_says_so(capsys: pytest.CaptureFixture[s
                                                  monkeypatch: pytest.MonkeyPatch,
                                                  registry: object) -> None:
     monkeypatch.setitem(sys.modules, "mxcheck.backends", registry)
-    code, out, _ = run(capsys, "info")
+    code, out, _ = run_cli(capsys, "info")
     assert code == 0
     assert "\nbackends: registry not available\n" in out
-    _, out, _ = run(capsys, "info", "--json")
+    _, out, _ = run_cli(capsys, "info", "--json")
     info = json.loads(out)
     assert (info["backends"], info["backends_error"]) == (None, "registry not available")
 
@@ -153,7 +148,7 @@ def test_info_without_a_backend_registry_says_so(capsys: pytest.CaptureFixture[s
 def test_info_with_a_malformed_fake_hardware_is_a_one_line_error(
         capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MXCHECK_FAKE_HARDWARE", "quantum")
-    code, out, err = run(capsys, "info")
+    code, out, err = run_cli(capsys, "info")
     assert (code, out) == (2, "")
     assert_one_line_error(err, "mxcheck info: error: MXCHECK_FAKE_HARDWARE='quantum'")
 
@@ -193,7 +188,7 @@ FIELDS = ("name", "bits", "ebits", "mbits", "bias", "emax", "emin", "max", "min_
 
 
 def test_formats_json_gives_every_format_constant(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(capsys, "formats", "--json")
+    code, out, _ = run_cli(capsys, "formats", "--json")
     table = json.loads(out)
     assert code == 0
     assert list(table) == [row[0] for row in EXPECTED_FORMATS]
@@ -203,7 +198,7 @@ def test_formats_json_gives_every_format_constant(capsys: pytest.CaptureFixture[
 
 
 def test_formats_table_shows_values_exactly(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(capsys, "formats")
+    code, out, _ = run_cli(capsys, "formats")
     assert code == 0
     lines = out.splitlines()
     assert lines[0].split() == ["name", "bits", "ebits", "mbits", "bias", "emax", "emin", "max",
@@ -227,7 +222,7 @@ def test_formats_table_shows_values_exactly(capsys: pytest.CaptureFixture[str]) 
 def test_report_writes_markdown_and_html_files(capsys: pytest.CaptureFixture[str],
                                                tmp_path: Path) -> None:
     md, html = tmp_path / "r.md", tmp_path / "r.html"
-    code, out, err = run(capsys, "report", SMALL, "--md", md, "--html", html)
+    code, out, err = run_cli(capsys, "report", SMALL, "--md", md, "--html", html)
     assert (code, out) == (0, "")
     assert md.read_text(encoding="utf-8").splitlines()[0] == (
         "**mxcheck**: 15 checks, 4 failed, 2 skipped on this hardware; worst: SNR is NaN "
@@ -240,18 +235,18 @@ def test_report_writes_markdown_and_html_files(capsys: pytest.CaptureFixture[str
 
 def test_report_prints_markdown_without_an_output_and_is_quiet_when_asked(
         capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run(capsys, "report", SMALL, "-q")
+    code, out, err = run_cli(capsys, "report", SMALL, "-q")
     assert (code, err) == (0, "")
     assert out.startswith("**mxcheck**: 15 checks, 4 failed, 2 skipped on this hardware")
     assert "#### mxfp4 / triton: 7 checks, 2 failed, worst margin -1.25 dB" in out
 
 
 def test_report_against_a_baseline_uses_max_drop(capsys: pytest.CaptureFixture[str]) -> None:
-    _, out, _ = run(capsys, "report", SMALL, "--baseline", BASELINE, "-q")
+    _, out, _ = run_cli(capsys, "report", SMALL, "--baseline", BASELINE, "-q")
     assert ("Against the baseline (a drop over 0.5 dB regresses): 2 regressed, 1 improved, "
             "1 new, 1 missing") in out
     # A 2 dB margin turns the +1 dB qkv improvement into "within the margin".
-    _, out, _ = run(capsys, "report", SMALL, "--baseline", BASELINE, "--max-drop-db", "2", "-q")
+    _, out, _ = run_cli(capsys, "report", SMALL, "--baseline", BASELINE, "--max-drop-db", "2", "-q")
     assert "(a drop over 2 dB regresses): 2 regressed, 0 improved" in out
 
 
@@ -281,7 +276,7 @@ def test_report_against_a_baseline_uses_max_drop(capsys: pytest.CaptureFixture[s
 def test_bad_input_is_exit_2_with_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path,
                                            argv: list[str], message: str) -> None:
     (tmp_path / "bad.json").write_text('{"version": 1, "records": [', encoding="utf-8")
-    code, out, err = run(capsys, *(str(a).replace("{tmp}", str(tmp_path)) for a in argv))
+    code, out, err = run_cli(capsys, *(str(a).replace("{tmp}", str(tmp_path)) for a in argv))
     assert (code, out) == (2, "")
     assert_one_line_error(err, message.replace("{tmp}", str(tmp_path)))
 
@@ -298,14 +293,14 @@ def test_bad_input_is_exit_2_with_one_line(capsys: pytest.CaptureFixture[str], t
 def test_compare_exit_code_says_whether_anything_regressed(
         capsys: pytest.CaptureFixture[str], base: Path, new: Path, code: int,
         last_line: str) -> None:
-    got, out, err = run(capsys, "compare", base, new)
+    got, out, err = run_cli(capsys, "compare", base, new)
     assert (got, err) == (code, "")
     assert out.splitlines()[0].endswith("(max drop 0.5 dB)")
     assert out.splitlines()[-1] == last_line
 
 
 def test_compare_lists_what_moved_with_the_given_margin(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(capsys, "compare", BASELINE, SMALL, "--max-drop-db", "2")
+    code, out, _ = run_cli(capsys, "compare", BASELINE, SMALL, "--max-drop-db", "2")
     assert code == 1  # both regressions are pass -> fail, which no margin excuses
     assert out.splitlines()[0] == ("mxcheck compare: 2 regressed, 0 improved, 1 added, "
                                    "1 removed, 12 unchanged (max drop 2 dB)")
@@ -316,7 +311,7 @@ def test_compare_lists_what_moved_with_the_given_margin(capsys: pytest.CaptureFi
 def test_compare_of_an_unreadable_file_is_exit_2(capsys: pytest.CaptureFixture[str],
                                                  tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text("{", encoding="utf-8")
-    code, out, err = run(capsys, "compare", SMALL, tmp_path / "bad.json")
+    code, out, err = run_cli(capsys, "compare", SMALL, tmp_path / "bad.json")
     assert (code, out) == (2, "")
     assert_one_line_error(err, f"mxcheck compare: error: {tmp_path / 'bad.json'}: not valid JSON")
 
@@ -331,12 +326,12 @@ def test_report_max_chars_cuts_the_markdown_and_0_keeps_it_whole(
                 "threshold_db": 10.0, "passed": i % 100 != 0} for i in range(3000)]
     big = tmp_path / "big.json"
     big.write_text(json.dumps({"version": 1, "records": records}), encoding="utf-8")
-    code, out, _ = run(capsys, "report", big, "-q")  # the default: a comment GitHub accepts
-    assert code == 0 and len(out) <= 65_000 < len(run(capsys, "report", big, "-q",
+    code, out, _ = run_cli(capsys, "report", big, "-q")  # the default: a comment GitHub accepts
+    assert code == 0 and len(out) <= 65_000 < len(run_cli(capsys, "report", big, "-q",
                                                         "--max-chars", "0")[1])
     assert out.count("❌") == 30  # every failure
     assert "(cut to fit a GitHub comment); full report in the `mxcheck-report` artifact*" in out
-    code, out, _ = run(capsys, "report", big, "-q", "--max-chars", "5000", "--artifact", "rep-cuda")
+    code, out, _ = run_cli(capsys, "report", big, "-q", "--max-chars", "5000", "--artifact", "rep-cuda")
     assert code == 0 and len(out) <= 5000 and "`rep-cuda` artifact" in out
 
 
@@ -348,7 +343,7 @@ def test_report_max_chars_cuts_the_markdown_and_0_keeps_it_whole(
 ])
 def test_report_bad_max_chars_is_exit_2(capsys: pytest.CaptureFixture[str], value: str,
                                         message: str) -> None:
-    code, out, err = run(capsys, "report", SMALL, "-q", "--max-chars", value)
+    code, out, err = run_cli(capsys, "report", SMALL, "-q", "--max-chars", value)
     assert (code, out) == (2, "")
     assert_one_line_error(err, message)
 
@@ -360,7 +355,7 @@ def test_deeply_nested_json_is_exit_2_naming_the_file(
     deep.write_text('{"version": 1, "x": ' + "[" * 100_000 + "]" * 100_000 + "}",
                     encoding="utf-8")
     argv = [command, deep] if command == "report" else [command, SMALL, deep]
-    code, out, err = run(capsys, *argv)
+    code, out, err = run_cli(capsys, *argv)
     assert (code, out) == (2, "")
     assert_one_line_error(err, f"mxcheck {command}: error: {deep}: JSON too deeply nested")
 
@@ -371,12 +366,12 @@ def test_an_unexpected_exception_is_exit_2_with_one_line_naming_the_inputs(
     def crash(*args: object, **kwargs: object) -> str:
         raise KeyError("snr_db\nsecond line")
 
-    monkeypatch.setattr("mxcheck.cli.render_markdown", crash)
-    code, out, err = run(capsys, "report", SMALL, "--md", tmp_path / "c.md", "-q")
+    monkeypatch.setattr("mxcheck.cli.reports.render_markdown", crash)
+    code, out, err = run_cli(capsys, "report", SMALL, "--md", tmp_path / "c.md", "-q")
     assert (code, out) == (2, "")
     assert_one_line_error(err, f"mxcheck report: error: on input={SMALL}, md={tmp_path / 'c.md'}: "
                                "unexpected KeyError: 'snr_db\\nsecond line' (a bug in mxcheck")
-    monkeypatch.setattr("mxcheck.cli.collect_info", lambda: 1 / 0)
-    code, _, err = run(capsys, "info")  # no file arguments: nothing to name
+    monkeypatch.setattr("mxcheck.cli.about.collect_info", lambda: 1 / 0)
+    code, _, err = run_cli(capsys, "info")  # no file arguments: nothing to name
     assert code == 2
     assert_one_line_error(err, "mxcheck info: error: unexpected ZeroDivisionError: division by zero")

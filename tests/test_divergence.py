@@ -16,12 +16,13 @@ import pytest
 import torch
 
 from mxcheck import divergence as div
-from mxcheck.cli import build_parser, main
+from mxcheck.cli import build_parser
 from mxcheck.formats import encode, get_format
 from mxcheck.plugin import needs
 from mxcheck.profiles import PROFILES, Profile, get_profile
 from mxcheck.scaling.blocks import block_amax
 from mxcheck.scaling.mx import mx_quantize
+from tests._helpers import one_block, run_cli, torchao_to_mx
 from tests._witness import Witnesses
 
 with needs("ml_dtypes"):
@@ -31,12 +32,6 @@ pytestmark = pytest.mark.emulated
 
 ROOT = Path(__file__).parents[1]
 E2M1 = get_format("e2m1")
-
-
-def block(*values: float) -> torch.Tensor:
-    x = torch.zeros(1, 32)
-    x[0, : len(values)] = torch.tensor(values, dtype=torch.float32)
-    return x
 
 
 # ------------------------------------------------------------------ Primus-Turbo even vs OCP floor
@@ -56,7 +51,7 @@ def even_bump_crosses_a_binade(amax: torch.Tensor) -> torch.Tensor:
 def test_primus_vs_ocp_scales_differ_exactly_where_the_even_bump_crosses_a_binade():
     primus, ocp = PROFILES["primus_turbo.mxfp4"], PROFILES["ocp"]
     # the planted case: amax 7.0 = 1.75 * 2^2 -> floor byte 127, even byte 128
-    assert primus.quantize(block(7.0))[1].item() == 128 and ocp.quantize(block(7.0), E2M1)[1].item() == 127
+    assert primus.quantize(one_block(7.0))[1].item() == 128 and ocp.quantize(one_block(7.0), E2M1)[1].item() == 127
     differing = 0
     for name, x in div.battery(E2M1).items():
         if name == "nan":  # NaN policy (ignore vs block), not the scale rule
@@ -186,11 +181,11 @@ def test_version_notes_name_a_witness_range_and_the_version_run():
 def test_case1_microxcaling_rounds_ties_away_where_ocp_rounds_to_even():
     # RE section 8 case 1, e2m1 at scale 1: 5 -> 6 (M) vs 4, 2.5 -> 3 vs 2, 0.25 -> 0.5 vs 0,
     # 1.25 -> 1.5 vs 1; e4m3: 400 -> 416 vs 384, 232 -> 240 vs 224. RNE side: ml_dtypes.
-    x = block(6.0, 5.0, 2.5, 0.25, 1.25)
+    x = one_block(6.0, 5.0, 2.5, 0.25, 1.25)
     assert PROFILES["microxcaling"].quantize(x, E2M1)[0][0, :5].tolist() == [0x7, 0x7, 0x5, 0x1, 0x3]
     ocp = PROFILES["ocp"].quantize(x, E2M1)[0][0, :5].tolist()
     assert ocp == [0x7, 0x6, 0x4, 0x0, 0x2]
-    y = block(448.0, 400.0, 232.0)
+    y = one_block(448.0, 400.0, 232.0)
     assert PROFILES["microxcaling"].quantize(y, "e4m3")[0][0, :3].tolist() == [0x7E, 0x7D, 0x77]
     assert PROFILES["ocp"].quantize(y, "e4m3")[0][0, :3].tolist() == [0x7E, 0x7C, 0x76]
     w = Witnesses()
@@ -209,7 +204,7 @@ def test_case2_below_a_tie_rounds_to_zero_where_microxcaling_gives_min_subnormal
         ml = ml_dtypes.float4_e2m1fn if fmt == "e2m1" else ml_dtypes.float8_e4m3fn
         w.expect("ml_dtypes", x.numpy().astype(ml).view(np.uint8)[0], 0x00, f"the {fmt} cast of nextbelow({v})")
     # the microxcaling profile does not model it (an element artefact, not a scale rule)
-    assert PROFILES["microxcaling"].quantize(block(6.0, 0.24999999), E2M1)[0][0, 1].item() == 0x0
+    assert PROFILES["microxcaling"].quantize(one_block(6.0, 0.24999999), E2M1)[0][0, 1].item() == 0x0
     w.finish()
 
 
@@ -218,15 +213,13 @@ def test_case8_even_rule_at_flt_max_carries_into_the_inf_field():
     # (witness) rounds FLT_MAX's bits to Inf's field: 255 - 127 - 8 = 120, byte 247, and
     # FLT_MAX / 2^120 = 255.99998 rounds to 256 (0x78). FLOOR: byte 246, 511.99997 saturates
     # to 448 (0x7E) -- torchao's _mxfp8_test_utils pins 246 / 0x7E.
-    x = block(float(np.finfo(np.float32).max))
+    x = one_block(float(np.finfo(np.float32).max))
     even, floor = mx_quantize(x, "e4m3", scale_rule="even"), mx_quantize(x, "e4m3", scale_rule="floor")
     assert (even.scales.item(), even.codes[0, 0].item()) == (247, 0x78)
     assert (floor.scales.item(), floor.codes[0, 0].item()) == (246, 0x7E)
-    with needs("torchao"):
-        from torchao.prototype.mx_formats import config, mx_tensor
-    scale, data = mx_tensor.to_mx(x, torch.float8_e4m3fn, 32, config.ScaleCalculationMode.EVEN)
+    scale, codes, _ = torchao_to_mx(x, "e4m3", "even")
     w = Witnesses()
-    w.expect("torchao", (scale.view(torch.uint8).item(), data.view(torch.uint8)[0, 0].item()), (247, 0x78),
+    w.expect("torchao", (scale.item(), codes[0, 0].item()), (247, 0x78),
              "to_mx EVEN of a block with amax FLT_MAX (scale byte, code)")
     w.finish()
 
@@ -235,8 +228,8 @@ def test_case10_negative_zero_keeps_its_sign_as_ml_dtypes_and_torchao():
     # RE section 8 case 10: torchao, gfloat, ml_dtypes, torch, CUDA keep -0 (e2m1 0x8, e4m3
     # 0x80); TE's reference cast_to_fp4x2 and microxcaling give +0 (0x0).
     for name in ("ocp", "primus_turbo.mxfp4", "torchao.floor", "microxcaling"):
-        assert get_profile(name).quantize(block(6.0, -0.0), E2M1)[0][0, 1].item() == 0x8, name
-    assert PROFILES["te.mxfp8"].quantize(block(448.0, -0.0))[0][0, 1].item() == 0x80
+        assert get_profile(name).quantize(one_block(6.0, -0.0), E2M1)[0][0, 1].item() == 0x8, name
+    assert PROFILES["te.mxfp8"].quantize(one_block(448.0, -0.0))[0][0, 1].item() == 0x80
     w = Witnesses()
     w.expect("ml_dtypes", np.array([-0.0], np.float32).astype(ml_dtypes.float4_e2m1fn).view(np.uint8)[0], 0x8,
              "the e2m1 cast of -0.0")
@@ -270,14 +263,8 @@ def test_case13_fp4_fp6_overflow_and_inf_saturate(fmt, top):
 # ------------------------------------------------------------------ the command
 
 
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 def test_command_prints_the_per_class_table(capsys):
-    code, out, err = run(capsys, "divergence", "primus_turbo.mxfp4", "ocp")
+    code, out, err = run_cli(capsys, "divergence", "primus_turbo.mxfp4", "ocp")
     assert (code, err) == (0, "")
     assert out.startswith("primus_turbo.mxfp4 vs ocp: e2m1, blocks of 32, inputs 'standard', seed 0\n")
     assert "profiles differ in: scale_rule (even | floor)" in out
@@ -290,7 +277,7 @@ def test_command_prints_the_per_class_table(capsys):
 
 
 def test_command_json_and_seed(capsys):
-    code, out, _ = run(capsys, "divergence", "aiter.mxfp6", "aiter.mxfp6.triton", "--json", "--seed", "3")
+    code, out, _ = run_cli(capsys, "divergence", "aiter.mxfp6", "aiter.mxfp6.triton", "--json", "--seed", "3")
     assert code == 0
     data = json.loads(out)
     assert data == json.loads(json.dumps(div.divergence("aiter.mxfp6", "aiter.mxfp6.triton", seed=3).to_json()))
@@ -298,9 +285,9 @@ def test_command_json_and_seed(capsys):
 
 
 def test_command_table_as_text_and_json(capsys):
-    code, out, _ = run(capsys, "divergence", "--table")
+    code, out, _ = run_cli(capsys, "divergence", "--table")
     assert code == 0 and out == div.table_text()
-    code, out, _ = run(capsys, "divergence", "--table", "--json")
+    code, out, _ = run_cli(capsys, "divergence", "--table", "--json")
     assert code == 0 and len(json.loads(out)) == len(div.DIVERGENCE_TABLE) == 21
 
 
@@ -311,13 +298,13 @@ def test_command_table_as_text_and_json(capsys):
     (["te.mxfp8", "ocp", "--fmt", "e2m1"], "fmt='e2m1', but the profiles are pinned to e4m3"),
 ])
 def test_command_errors_exit_2_with_one_line(capsys, argv, needle):
-    code, out, err = run(capsys, "divergence", *argv)
+    code, out, err = run_cli(capsys, "divergence", *argv)
     assert (code, out) == (2, "")
     assert len(err.splitlines()) == 1 and err.startswith("mxcheck divergence: error: ") and needle in err
 
 
 def test_command_family_pair_takes_fmt(capsys):
-    code, out, _ = run(capsys, "divergence", "ocp", "torchao.floor", "--fmt", "e4m3")
+    code, out, _ = run_cli(capsys, "divergence", "ocp", "torchao.floor", "--fmt", "e4m3")
     assert code == 0 and out.startswith("ocp vs torchao.floor: e4m3")
 
 

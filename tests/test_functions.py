@@ -20,12 +20,11 @@ from mxcheck.functions import (
 from mxcheck.functions.linear import is_fp8_backward
 from mxcheck.gemm import emulated_gemm, quantize_operand
 from mxcheck.metrics import snr_db
-from mxcheck.recipes import RECIPES
+from mxcheck.recipes import LINEAR_DIRECTIONS, RECIPES
 
 pytestmark = pytest.mark.emulated
 
 M, N, K = 256, 256, 512  # MXFP6 needs every GEMM dim a multiple of 256
-DIRECTIONS = ("fwd", "dgrad", "wgrad", "bgrad")
 
 # SNR floors (dB) against float64 truth, per recipe and GEMM, at M, N, K above with
 # Gaussian X, W ~ N(0, 1/K) and dY. Measured over seeds 0..11 (min-max):
@@ -86,10 +85,10 @@ def test_each_recipe_reaches_its_snr_floor_against_float64_truth(recipe, gen, nu
     X, W, G = x.double(), w.double(), dy.double()
     truth = {"fwd": X @ W.T + b.double(), "dgrad": G @ W, "wgrad": G.T @ X, "bgrad": G.sum(0)}
     got = {"fwd": y, "dgrad": dx, "wgrad": dw, "bgrad": db}
-    floors = {d: thresholds.linear_floor(recipe, d) for d in DIRECTIONS}
+    floors = {d: thresholds.linear_floor(recipe, d) for d in LINEAR_DIRECTIONS}
     # trap 1: an all-zero gradient would make every SNR below meaningless
     numerics.context(recipe=recipe, layer="linear", m=M, n=N, k=K).nonzero_grads(_as_params(dx, dw, db))
-    for d in DIRECTIONS:
+    for d in LINEAR_DIRECTIONS:
         numerics.context(recipe=recipe, layer="linear", direction=d, m=M, n=N, k=K).snr(
             got[d], truth[d], floors[d])
 

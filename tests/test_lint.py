@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from mxcheck.cli import main
 from mxcheck.deploy import RULES, lint, load_recipe, parse_backend_env, parse_env_file
 from mxcheck.deploy.lint import SEVERITIES
 from mxcheck.deploy.recipe import Recipe, recipe_from_mapping
+from tests._helpers import run_cli
 
 pytestmark = pytest.mark.emulated
 
@@ -258,15 +258,9 @@ def test_bad_input_names_the_argument() -> None:
 # ---- the command ---------------------------------------------------------------------
 
 
-def run(capsys: pytest.CaptureFixture[str], *argv: str | Path) -> tuple[int, str, str]:
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 def test_cli_exit_1_on_errors_with_every_finding_in_json(
         capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run(capsys, "lint", RECIPES / "bad_mxfp4_local_defaults.yaml", "--json")
+    code, out, err = run_cli(capsys, "lint", RECIPES / "bad_mxfp4_local_defaults.yaml", "--json")
     data = json.loads(out)
     assert (code, err) == (1, "")
     assert [f["rule"] for f in data["findings"]] == ["MX001", "MX003", "MX005"]
@@ -275,7 +269,7 @@ def test_cli_exit_1_on_errors_with_every_finding_in_json(
 
 
 def test_cli_text_lists_rule_severity_key_and_fix(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(capsys, "lint", RECIPES / "bad_mxfp6_fp8_unaligned.yaml")
+    code, out, _ = run_cli(capsys, "lint", RECIPES / "bad_mxfp6_fp8_unaligned.yaml")
     assert code == 1
     assert "2 error(s), 1 warning(s)" in out.splitlines()[0]
     assert "MX007 error   fp8 = 'e4m3'" in out and "MX022 warning main_grads_dtype" in out
@@ -283,7 +277,7 @@ def test_cli_text_lists_rule_severity_key_and_fix(capsys: pytest.CaptureFixture[
 
 
 def test_cli_warnings_only_exit_0(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(capsys, "lint", RECIPES / "warn_only_inert_dtypes.yaml", "--json")
+    code, out, _ = run_cli(capsys, "lint", RECIPES / "warn_only_inert_dtypes.yaml", "--json")
     data = json.loads(out)
     assert (code, data["errors"], [f["rule"] for f in data["findings"]]) == (0, 0, ["MX022"])
 
@@ -293,27 +287,27 @@ def test_cli_env_file_runs_the_environment_rules(capsys: pytest.CaptureFixture[s
     env = tmp_path / "launch.env"
     env.write_text("export PRIMUS_TURBO_GEMM_BACKEND=FP4:AITER\nPRIMUS_TURBO_AUTO_TUNE=1\n")
     recipe = RECIPES / "flux12b_local_mxfp4.yaml"
-    code, out, _ = run(capsys, "lint", recipe, "--env-file", env, "--json")
+    code, out, _ = run_cli(capsys, "lint", recipe, "--env-file", env, "--json")
     data = json.loads(out)
     assert (code, data["env_checked"], [f["rule"] for f in data["findings"]]) == (1, True,
                                                                                   ["MX016"])
     env.write_text("PRIMUS_TURBO_GEMM_BACKEND=FP4:AITER\n")
-    assert run(capsys, "lint", recipe, "--env-file", env)[0] == 0
+    assert run_cli(capsys, "lint", recipe, "--env-file", env)[0] == 0
 
 
 def test_cli_env_reads_this_process_environment(capsys: pytest.CaptureFixture[str],
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PRIMUS_TURBO_GEMM_BACKEND", "")
     monkeypatch.delenv("PRIMUS_TURBO_AUTO_TUNE", raising=False)
-    code, out, _ = run(capsys, "lint", RECIPES / "flux12b_local_mxfp4.yaml", "--env", "--json")
+    code, out, _ = run_cli(capsys, "lint", RECIPES / "flux12b_local_mxfp4.yaml", "--env", "--json")
     rules = [f["rule"] for f in json.loads(out)["findings"]]
     assert code == 1 and "MX019" in rules
 
 
 def test_cli_dp_size_decides_the_microbatch_rule(capsys: pytest.CaptureFixture[str]) -> None:
     recipe = RECIPES / "flux12b_local_mxfp6.yaml"
-    assert run(capsys, "lint", recipe, "--dp-size", "8")[0] == 0
-    code, out, _ = run(capsys, "lint", recipe, "--dp-size", "4")
+    assert run_cli(capsys, "lint", recipe, "--dp-size", "8")[0] == 0
+    code, out, _ = run_cli(capsys, "lint", recipe, "--dp-size", "4")
     assert code == 1 and "MX023" in out and "2 microbatches" in out
 
 
@@ -327,7 +321,7 @@ def test_cli_dp_size_decides_the_microbatch_rule(capsys: pytest.CaptureFixture[s
 ])
 def test_cli_bad_usage_or_input_is_exit_2_with_one_line(capsys: pytest.CaptureFixture[str],
                                                         argv: list[Any], needle: str) -> None:
-    code, out, err = run(capsys, *argv)
+    code, out, err = run_cli(capsys, *argv)
     assert (code, out) == (2, "")
     assert len(err.splitlines()) == 1 and "error: " in err and needle in err
 
@@ -335,7 +329,7 @@ def test_cli_bad_usage_or_input_is_exit_2_with_one_line(capsys: pytest.CaptureFi
 def test_cli_not_yaml_is_exit_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("fp4: [mxfp4\n")
-    code, _, err = run(capsys, "lint", bad)
+    code, _, err = run_cli(capsys, "lint", bad)
     assert code == 2 and len(err.splitlines()) == 1 and "not valid YAML" in err
 
 
@@ -343,7 +337,7 @@ def test_cli_bad_env_file_line_is_exit_2(capsys: pytest.CaptureFixture[str],
                                          tmp_path: Path) -> None:
     env = tmp_path / "e.env"
     env.write_text("A=1\n???\n")
-    code, _, err = run(capsys, "lint", RECIPES / "flux12b_local_mxfp4.yaml", "--env-file", env)
+    code, _, err = run_cli(capsys, "lint", RECIPES / "flux12b_local_mxfp4.yaml", "--env-file", env)
     assert code == 2 and "line 2" in err
 
 
@@ -421,7 +415,7 @@ def test_cli_refuses_each_bad_recipe_with_exit_2_and_one_line(
         capsys: pytest.CaptureFixture[str], tmp_path: Path, text: str, needle: str) -> None:
     path = tmp_path / "r.yaml"
     path.write_text(text, encoding="utf-8")
-    code, out, err = run(capsys, "lint", path)
+    code, out, err = run_cli(capsys, "lint", path)
     assert (code, out) == (2, "")
     assert err.count("\n") == 1 and err.startswith(f"mxcheck lint: error: recipe {path}: ")
     assert needle in err

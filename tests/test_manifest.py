@@ -204,7 +204,7 @@ class _UntracedLinear(nn.Linear):
 
     def forward(self, x):
         from mxcheck.backends.transformer_engine import _Bridge  # noqa: F401  (the adapter's import)
-        from mxcheck.ops import UNTRACED, announce_gemm
+        from mxcheck.trace_ops import UNTRACED, announce_gemm
 
         announce_gemm(x, "", "fwd", UNTRACED, UNTRACED, "transformer_engine")
         return super().forward(x)
@@ -232,7 +232,8 @@ def test_manifest_goes_into_the_report(tmp_path):
 
 
 def test_numerics_precision_records_the_manifest_and_fails_closed():
-    from mxcheck.assertions import Numerics, NumericsError
+    from mxcheck.assertions import NumericsError
+    from mxcheck.report.recorder import Numerics
 
     records = []
     numerics = Numerics(records.append, "t", recipe="mxfp4")

@@ -13,6 +13,7 @@ from mxcheck.hadamard import apply_hadamard, get_hadamard
 from mxcheck.plugin import needs
 from mxcheck.scaling.mx import MX_ELEMENT_FORMATS, mx_quantize
 from mxcheck.thresholds import quantize_floor
+from tests._helpers import torchao_to_mx
 
 pytestmark = pytest.mark.emulated
 
@@ -67,25 +68,6 @@ def inf_blocks() -> torch.Tensor:
 
 
 # ------------------------------------------------------------------ torchao witness
-
-_TORCHAO_DTYPE = {"e2m1": "float4_e2m1fn_x2", "e2m3": "fp6_e2m3", "e3m2": "fp6_e3m2",
-                  "e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}
-
-
-def torchao_to_mx(x: torch.Tensor, fmt: str, rule: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(scale bytes, one code per element, raw data bytes) from torchao's to_mx."""
-    with needs("torchao"):
-        from torchao.prototype.mx_formats import config, mx_tensor
-    name = _TORCHAO_DTYPE[fmt]
-    elem_dtype = getattr(torch, name, name)
-    scale, data = mx_tensor.to_mx(x, elem_dtype, 32, config.ScaleCalculationMode(rule))
-    raw = data.view(torch.uint8)
-    if fmt == "e2m1":  # torchao >= 2025-10 packs element 0 in the low nibble, as torch core
-        codes = torch.stack([raw & 0xF, raw >> 4], dim=-1).reshape(x.shape)
-    else:
-        codes = raw
-    return scale.view(torch.uint8).reshape(*x.shape[:-1], -1), codes, raw
-
 
 @pytest.mark.parametrize("rule", RULES)
 @pytest.mark.parametrize("fmt", OCP_ELEMENTS)

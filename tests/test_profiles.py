@@ -13,21 +13,14 @@ import torch
 from mxcheck.divergence import battery, divergence
 from mxcheck.formats import get_format
 from mxcheck.hadamard import apply_hadamard
-from mxcheck.plugin import needs
 from mxcheck.profiles import PROFILES, Profile, get_profile
 from mxcheck.scaling.mx import mx_quantize
+from tests._helpers import one_block, torchao_to_mx
 
 pytestmark = pytest.mark.emulated
 
 OCP_ELEMENTS = ("e2m1", "e2m3", "e3m2", "e4m3", "e5m2")
 RANDOM_CLASSES = ("normal", "normal_scaled", "heavy_tail", "bf16")
-
-
-def block(*values: float) -> torch.Tensor:
-    """One 32-block: the values, then zeros."""
-    x = torch.zeros(1, 32)
-    x[0, : len(values)] = torch.tensor(values, dtype=torch.float32)
-    return x
 
 
 def quantize(profile: str, x: torch.Tensor, fmt: str | None = None, *, rotate: bool = False):
@@ -84,7 +77,7 @@ def test_primus_turbo_even_scale_takes_amax_7_a_binade_up():
     # primus_stack.md 1.2, compute_tile_scale: 7.0 = 1.75 * 2^2 rounds to 2^3 at one mantissa
     # bit, scale 2^(3-2) = 2 (byte 128): 3.5 -> 4 (RNE tie), 3.25 -> 3, 1.5, -0.5.
     # OCP floor: scale 2^0 (byte 127), 7 and 6.5 saturate to 6.
-    x = block(7.0, 6.5, 3.0, -1.0)
+    x = one_block(7.0, 6.5, 3.0, -1.0)
     assert quantize("primus_turbo.mxfp4", x) == ([0x6, 0x5, 0x3, 0x9], 128)
     assert quantize("ocp", x, "e2m1") == ([0x7, 0x7, 0x5, 0xA], 127)
 
@@ -92,13 +85,13 @@ def test_primus_turbo_even_scale_takes_amax_7_a_binade_up():
 def test_primus_turbo_maps_an_inf_amax_to_byte_253_never_255():
     # compute_tile_scale: ((0x7F800000 + 0x200000) >> 23) & 0x1FF = 0xFF -> 255 - 129 = 126,
     # clamp [-127, 128], + 127 = 253. Inf saturates to +-6; 1.0 * 2^-126 rounds to 0.
-    assert quantize("primus_turbo.mxfp4", block(math.inf, 1.0, -math.inf)) == ([0x7, 0x0, 0xF, 0x0], 253)
+    assert quantize("primus_turbo.mxfp4", one_block(math.inf, 1.0, -math.inf)) == ([0x7, 0x0, 0xF, 0x0], 253)
 
 
 def test_primus_turbo_amax_ignores_nan():
     # fmaxf reductions drop NaN (primus_stack.md 1.2): the scale comes from 1.0 (even: 2^-2,
     # byte 125), 1.0 * 4 = 4.0 is code 0x6; the NaN element has no e2m1 code: 0.
-    assert quantize("primus_turbo.mxfp4", block(math.nan, 1.0)) == ([0x0, 0x6, 0x0, 0x0], 125)
+    assert quantize("primus_turbo.mxfp4", one_block(math.nan, 1.0)) == ([0x0, 0x6, 0x0, 0x0], 125)
 
 
 # ------------------------------------------------------------------ AITER MXFP6
@@ -107,15 +100,15 @@ def test_primus_turbo_amax_ignores_nan():
 def test_aiter_hip_zero_block_is_byte_127_and_inf_amax_is_byte_254():
     # quant_mxfp6_gemm.cu: amax == 0 -> scale 0 (byte 127); exponent == 0xFF -> 127 (byte 254),
     # where the floor rule's arithmetic gives 128 - 2 (byte 253). Inf saturates to 7.5 (0x1F).
-    assert quantize("aiter.mxfp6", block()) == ([0, 0, 0, 0], 127)
-    assert quantize("aiter.mxfp6", block(math.inf, 1.0)) == ([0x1F, 0, 0, 0], 254)
-    assert quantize("ocp", block(math.inf, 1.0), "e2m3")[1] == 253
+    assert quantize("aiter.mxfp6", one_block()) == ([0, 0, 0, 0], 127)
+    assert quantize("aiter.mxfp6", one_block(math.inf, 1.0)) == ([0x1F, 0, 0, 0], 254)
+    assert quantize("ocp", one_block(math.inf, 1.0), "e2m3")[1] == 253
 
 
 def test_aiter_hip_amax_ignores_nan():
     # fmaxf(local_amax, fabsf(NaN)) keeps local_amax: scale from 3.0 (floor 1 - 2, byte 126),
     # 3.0 * 2 = 6.0 = 1.5 * 2^2 is e2m3 code 0x1C.
-    assert quantize("aiter.mxfp6", block(math.nan, 3.0)) == ([0x0, 0x1C, 0, 0], 126)
+    assert quantize("aiter.mxfp6", one_block(math.nan, 3.0)) == ([0x0, 0x1C, 0, 0], 126)
 
 
 @pytest.mark.parametrize("k", [-20, -3, 4, 10, 20])
@@ -125,21 +118,21 @@ def test_aiter_triton_log2_scale_is_one_binade_high_at_nextbelow_pow2(k):
     # nextbelow(2^k) then saturates to 7.5 (0x1F) under HIP and rounds half away to 4.0 (0x18).
     amax = nextbelow(2.0**k)
     assert math.floor(torch.log2(torch.tensor(amax)).item()) == k  # the float32 hazard itself
-    assert quantize("aiter.mxfp6", block(amax)) == ([0x1F, 0, 0, 0], 127 + k - 3)
-    assert quantize("aiter.mxfp6.triton", block(amax)) == ([0x18, 0, 0, 0], 127 + k - 2)
+    assert quantize("aiter.mxfp6", one_block(amax)) == ([0x1F, 0, 0, 0], 127 + k - 3)
+    assert quantize("aiter.mxfp6.triton", one_block(amax)) == ([0x18, 0, 0, 0], 127 + k - 2)
 
 
 def test_aiter_triton_floors_amax_at_1e_minus_30():
     # _quant_pack_kernel: log2(max(amax, 1e-30)): floor(-99.66) - 2 = -102 (byte 25), so a
     # block of amax 2^-110 rounds to zero. HIP: -110 - 2 (byte 15), 2^-110 / 2^-112 = 4 (0x18).
-    assert quantize("aiter.mxfp6.triton", block(2.0**-110)) == ([0, 0, 0, 0], 25)
-    assert quantize("aiter.mxfp6", block(2.0**-110)) == ([0x18, 0, 0, 0], 15)
+    assert quantize("aiter.mxfp6.triton", one_block(2.0**-110)) == ([0, 0, 0, 0], 25)
+    assert quantize("aiter.mxfp6", one_block(2.0**-110)) == ([0x18, 0, 0, 0], 15)
 
 
 def test_aiter_triton_nan_block_takes_the_zero_block_byte():
     # quant_mxfp6_torch: where(amax > 0, scale_exp, 0) and NaN > 0 is False: byte 127, and
     # 3.0 is encoded at scale 1 (1.5 * 2^1, code 0x14).
-    assert quantize("aiter.mxfp6.triton", block(math.nan, 3.0)) == ([0x0, 0x14, 0, 0], 127)
+    assert quantize("aiter.mxfp6.triton", one_block(math.nan, 3.0)) == ([0x0, 0x14, 0, 0], 127)
 
 
 @pytest.mark.parametrize("name", ["aiter.mxfp6", "aiter.mxfp6.triton"])
@@ -170,21 +163,6 @@ def test_aiter_hip_and_triton_differ_only_at_ties_nextbelow_pow2_tiny_amax_and_n
 
 # ------------------------------------------------------------------ torchao (witness: to_mx)
 
-_TORCHAO_DTYPE = {"e2m1": "float4_e2m1fn_x2", "e2m3": "fp6_e2m3", "e3m2": "fp6_e3m2",
-                  "e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}
-
-
-def torchao_to_mx(x: torch.Tensor, fmt: str, rule: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(one code per element, scale bytes) from torchao 0.18's to_mx (as tests/test_mx.py)."""
-    with needs("torchao"):
-        from torchao.prototype.mx_formats import config, mx_tensor
-    name = _TORCHAO_DTYPE[fmt]
-    scale, data = mx_tensor.to_mx(x, getattr(torch, name, name), 32, config.ScaleCalculationMode(rule))
-    raw = data.view(torch.uint8)
-    codes = torch.stack([raw & 0xF, raw >> 4], dim=-1).reshape(x.shape) if fmt == "e2m1" else raw
-    return codes, scale.view(torch.uint8).reshape(*x.shape[:-1], -1)
-
-
 @pytest.mark.parametrize("rule", ["floor", "rceil"])
 @pytest.mark.parametrize("fmt", OCP_ELEMENTS)
 def test_torchao_profiles_match_to_mx_on_the_whole_battery(fmt, rule):
@@ -193,7 +171,7 @@ def test_torchao_profiles_match_to_mx_on_the_whole_battery(fmt, rule):
     profile = PROFILES[f"torchao.{rule}"]
     for name, x in battery(get_format(fmt)).items():
         codes, scales = profile.quantize(x, fmt)
-        ao_codes, ao_scales = torchao_to_mx(x, fmt, rule)
+        ao_scales, ao_codes, _ = torchao_to_mx(x, fmt, rule)
         assert torch.equal(scales, ao_scales), (name, int((scales != ao_scales).sum()))
         keep = (scales != 255).repeat_interleave(32, dim=-1)
         assert torch.equal(codes[keep], ao_codes[keep]), (name, int((codes[keep] != ao_codes[keep]).sum()))
@@ -202,29 +180,29 @@ def test_torchao_profiles_match_to_mx_on_the_whole_battery(fmt, rule):
 def test_torchao_floor_divides_byte_zero_blocks_by_2_pow_minus_126():
     # to_mx: scale_fp32 = clamp(2^(0 - 127), min=F32_MIN_NORMAL): 2^-126 -> 1.0 (0x38) and
     # 2^-127 -> 0.5 (0x30), where OCP's 2^-127 gives 2.0 (0x40) and 1.0 (0x38).
-    x = block(2.0**-126, 2.0**-127)
+    x = one_block(2.0**-126, 2.0**-127)
     assert quantize("torchao.mxfp8", x) == ([0x38, 0x30, 0, 0], 0)
     assert quantize("ocp", x, "e4m3") == ([0x40, 0x38, 0, 0], 0)
-    assert torchao_to_mx(x, "e4m3", "floor")[0][0, :2].tolist() == [0x38, 0x30]
+    assert torchao_to_mx(x, "e4m3", "floor")[1][0, :2].tolist() == [0x38, 0x30]
 
 
 def test_torchao_rceil_leaves_byte_zero_blocks_unscaled():
     # _to_mx_rceil: rcp_fp32 = 1.0 where the byte is 0, so 2^-126 stays 2^-126 and rounds to
     # 0; TE's exp2f_rcp(0) = 2^127 gives 2.0 (0x40).
-    x = block(2.0**-126)
+    x = one_block(2.0**-126)
     assert quantize("torchao.rceil", x, "e4m3") == ([0, 0, 0, 0], 0)
     assert quantize("te.mxfp8", x) == ([0x40, 0, 0, 0], 0)
-    assert torchao_to_mx(x, "e4m3", "rceil")[0][0, 0].item() == 0
+    assert torchao_to_mx(x, "e4m3", "rceil")[1][0, 0].item() == 0
 
 
 def test_torchao_rceil_log2_scale_is_one_binade_low_at_nextabove_max_pow2():
     # amax = nextabove(448 * 2^10): descale = nextabove(2^10), whose float32 log2 is 10.0,
     # so ceil gives 10 (byte 137) and 458752.03 / 2^10 saturates to 448 (0x7E). Exact RCEIL
     # (TE): 11 (byte 138), 224.00002 -> 224 (0x76).
-    x = block(nextabove(448.0 * 2**10))
+    x = one_block(nextabove(448.0 * 2**10))
     assert quantize("torchao.rceil", x, "e4m3") == ([0x7E, 0, 0, 0], 137)
     assert quantize("te.mxfp8", x) == ([0x76, 0, 0, 0], 138)
-    codes, scales = torchao_to_mx(x, "e4m3", "rceil")
+    scales, codes, _ = torchao_to_mx(x, "e4m3", "rceil")
     assert (codes[0, 0].item(), scales.item()) == (0x7E, 137)
 
 
@@ -234,16 +212,16 @@ def test_torchao_rceil_log2_scale_is_one_binade_low_at_nextabove_max_pow2():
 def test_te_and_torchao_rceil_saturate_an_inf_amax_to_254():
     # TE float_to_e8m0 (cvt.rp.satfinite): Inf -> 0xFE; torchao 0.18's isinf branch too. A
     # NOSAT conversion would give 0xFF (section 8 case 7): inf_amax_byte=255 models it.
-    x = block(math.inf, 1.0)
+    x = one_block(math.inf, 1.0)
     assert quantize("te.mxfp8", x) == ([0x7E, 0, 0, 0], 254)
     assert quantize("torchao.rceil", x, "e4m3") == ([0x7E, 0, 0, 0], 254)
-    assert torchao_to_mx(x, "e4m3", "rceil")[1].item() == 254
+    assert torchao_to_mx(x, "e4m3", "rceil")[0].item() == 254
     assert replace(PROFILES["te.mxfp8"], inf_amax_byte=255).quantize(x)[1].item() == 255
 
 
 def test_te_amax_ignores_nan_and_the_nan_element_keeps_its_sign():
     # fmaxf amax skips NaN: amax 448 -> descale 1 -> byte 127; cvt.rn.satfinite NaN -> 0x7F | sign.
-    x = block(math.nan, 448.0, -math.nan)
+    x = one_block(math.nan, 448.0, -math.nan)
     assert quantize("te.mxfp8", x) == ([0x7F, 0x7E, 0xFF, 0], 127)
 
 
@@ -270,14 +248,14 @@ def test_te_reciprocal_multiply_changes_no_scale_byte_of_any_mx_format():
 def test_microxcaling_log2_scale_and_half_away_at_nextbelow_16():
     # reference_emulators.md 1a: e2m1 amax 15.999999: microxcaling scale 2^2 (byte 129),
     # 3.9999998 -> 4 (0x6, dequant 16); OCP byte 128, 7.9999995 saturates to 6 (0x7, dequant 12).
-    x = block(nextbelow(16.0))
+    x = one_block(nextbelow(16.0))
     assert quantize("microxcaling", x, "e2m1") == ([0x6, 0, 0, 0], 129)
     assert quantize("ocp", x, "e2m1") == ([0x7, 0, 0, 0], 128)
 
 
 def test_microxcaling_inf_block_is_all_nan():
     # _quantize_mx: log2(inf) > scale_emax -> NaN shared exponent: the whole block is NaN.
-    assert quantize("microxcaling", block(math.inf, 1.0), "e4m3") == ([0x7F, 0x7F, 0x7F, 0x7F], 255)
+    assert quantize("microxcaling", one_block(math.inf, 1.0), "e4m3") == ([0x7F, 0x7F, 0x7F, 0x7F], 255)
 
 
 # ------------------------------------------------------------------ one row per profile
@@ -290,7 +268,7 @@ def test_microxcaling_inf_block_is_all_nan():
     ("microxcaling", "e2m1", 255),
 ])
 def test_inf_amax_byte_of_each_profile(name, fmt, byte):
-    assert quantize(name, block(1.0, -math.inf), fmt)[1] == byte
+    assert quantize(name, one_block(1.0, -math.inf), fmt)[1] == byte
 
 
 @pytest.mark.parametrize(("name", "fmt", "byte"), [
@@ -300,7 +278,7 @@ def test_inf_amax_byte_of_each_profile(name, fmt, byte):
     ("aiter.mxfp6.triton", None, 127),  # NaN amax fails amax > 0: the zero-block byte
 ])
 def test_nan_policy_of_each_profile(name, fmt, byte):
-    assert quantize(name, block(math.nan, 1.0), fmt)[1] == byte
+    assert quantize(name, one_block(math.nan, 1.0), fmt)[1] == byte
 
 
 # ------------------------------------------------------------------ bad input
@@ -326,9 +304,9 @@ def test_bad_profile_fields_raise_naming_the_field(kwargs, match):
 
 def test_family_needs_a_format_and_a_pinned_profile_refuses_another():
     with pytest.raises(ValueError, match="'ocp' is a family: pass fmt"):
-        PROFILES["ocp"].quantize(block(1.0))
+        PROFILES["ocp"].quantize(one_block(1.0))
     with pytest.raises(ValueError, match="pinned to e4m3, got fmt='e5m2'"):
-        PROFILES["te.mxfp8"].quantize(block(1.0), "e5m2")
+        PROFILES["te.mxfp8"].quantize(one_block(1.0), "e5m2")
 
 
 def test_unknown_profile_lists_the_known_ones():

@@ -12,12 +12,13 @@ import pytest
 import torch
 from torch import nn
 
-from mxcheck.cli import main
 from mxcheck.flux import Flux, break_zero_init, init_weights, make_inputs, quantize_model
 from mxcheck.recipes import GEMMS, OperandSpec, get_recipe
 from mxcheck.report import Report, render_html
 from mxcheck.report.html import block_stats_figure
-from mxcheck.stats import BlockStats, StatsProbe, block_stats, synthetic
+from mxcheck.stats import BlockStats, block_stats, synthetic
+from mxcheck.stats_probe import StatsProbe
+from tests._helpers import run_cli
 
 pytestmark = pytest.mark.emulated
 
@@ -277,14 +278,8 @@ def test_probe_without_a_quantized_linear_or_recipe_says_what_to_pass() -> None:
 # ---- CLI -------------------------------------------------------------------------------
 
 
-def run(capsys: pytest.CaptureFixture[str], *argv: object) -> tuple[int, str, str]:
-    code = main(["stats", *map(str, argv)])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 def test_cli_json_on_synthetic_activations(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(capsys, "--recipe", "mxfp8", "--shape", "64x256", "--json")
+    code, out, _ = run_cli(capsys, "stats", "--recipe", "mxfp8", "--shape", "64x256", "--json")
     assert code == 0
     data = json.loads(out)
     (s,) = data["tensors"].values()
@@ -292,7 +287,7 @@ def test_cli_json_on_synthetic_activations(capsys: pytest.CaptureFixture[str]) -
 
 
 def test_cli_text_names_the_statistics(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(capsys, "--recipe", "mxfp4", "--operand", "x_col", "--shape", "32x128",
+    code, out, _ = run_cli(capsys, "stats", "--recipe", "mxfp4", "--operand", "x_col", "--shape", "32x128",
                        "--dist", "student-t3")
     assert code == 0
     assert "rotated domain" in out and "saturated" in out and "scale exp" in out
@@ -301,12 +296,12 @@ def test_cli_text_names_the_statistics(capsys: pytest.CaptureFixture[str]) -> No
 def test_cli_reads_a_dict_of_tensors_per_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "acts.pt"
     torch.save({"a": torch.randn(2, 16, 64), "b": torch.randn(8, 32).bfloat16(), "step": 3}, path)
-    code, out, _ = run(capsys, "--pt", path, "--recipe", "mxfp8", "--json")
+    code, out, _ = run_cli(capsys, "stats", "--pt", path, "--recipe", "mxfp8", "--json")
     assert code == 0
     tensors = json.loads(out)["tensors"]
     assert sorted(tensors) == ["a", "b"]  # the int is not a tensor
     assert tensors["a"]["shape"] == [32, 64] and tensors["b"]["shape"] == [8, 32]
-    code, out, _ = run(capsys, "--pt", path, "--key", "b", "--recipe", "mxfp8", "--json")
+    code, out, _ = run_cli(capsys, "stats", "--pt", path, "--key", "b", "--recipe", "mxfp8", "--json")
     assert code == 0 and list(json.loads(out)["tensors"]) == ["b"]
 
 
@@ -322,7 +317,7 @@ def test_cli_errors_are_one_line_and_exit_2(tmp_path: Path, capsys: pytest.Captu
                                             argv: list[str], match: str) -> None:
     acts = tmp_path / "acts.pt"
     torch.save({"a": torch.randn(4, 32), "odd": torch.randn(4, 33)}, acts)
-    code, out, err = run(capsys, *(a.format(acts=acts) for a in argv))
+    code, out, err = run_cli(capsys, "stats", *(a.format(acts=acts) for a in argv))
     assert code == 2 and out == ""
     assert len(err.strip().splitlines()) == 1
     assert re.search(match, err), err

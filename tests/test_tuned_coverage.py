@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from mxcheck.cli import main
 from mxcheck.deploy import Coverage, aiter_padded_m, audit_log, read_tuned_csv, tuned_coverage
 from mxcheck.flux import flux_linear_shapes, unique_gemms
+from tests._helpers import run_cli
 
 pytestmark = pytest.mark.emulated
 
@@ -24,12 +24,6 @@ AITER = Path(__file__).parents[1] / "fixtures" / "aiter"
 CSV = AITER / "a4w4_flux12b_mbs64.csv"
 OLD_CSV = AITER / "a4w4_old_no_gfx.csv"
 LOG = AITER / "flux12b_mxfp4_train.log"
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str | Path) -> tuple[int, str, str]:
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def coverage_of(path: Path, **kw: Any) -> Coverage:
@@ -141,7 +135,7 @@ def test_a_log_without_aiter_lines_says_hits_need_the_env_var() -> None:
 
 
 def test_cli_tuned_coverage_json_and_exit_1_on_missing(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run(capsys, "tuned-coverage", CSV, "--model", "flux-12b", "--mbs", "64",
+    code, out, err = run_cli(capsys, "tuned-coverage", CSV, "--model", "flux-12b", "--mbs", "64",
                          "--json")
     data = json.loads(out)
     assert (code, err) == (1, "")
@@ -154,13 +148,13 @@ def test_cli_tuned_coverage_json_and_exit_1_on_missing(capsys: pytest.CaptureFix
 
 def test_cli_tuned_coverage_text_and_exit_0_when_covered(capsys: pytest.CaptureFixture[str],
                                                          tmp_path: Path) -> None:
-    code, out, _ = run(capsys, "tuned-coverage", CSV, "--mbs", "64")
+    code, out, _ = run_cli(capsys, "tuned-coverage", CSV, "--mbs", "64")
     assert code == 1 and "13 covered, 2 padded, 3 missing" in out.splitlines()[0]
     gemms = unique_gemms(flux_linear_shapes("flux-535m", 1, 64, 32))
     full = tmp_path / "full.csv"
     full.write_text("cu_num,M,N,K,kernelName,splitK\n"
                     + "".join(f"304,{m},{n},{k},kern,0\n" for (_, m, n, k) in gemms))
-    code, out, _ = run(capsys, "tuned-coverage", full, "--model", "flux-535m", "--mbs", "1",
+    code, out, _ = run_cli(capsys, "tuned-coverage", full, "--model", "flux-535m", "--mbs", "1",
                        "--img-tokens", "64", "--txt-tokens", "32", "--cu-num", "304")
     assert code == 0 and f"{len(gemms)} covered, 0 padded, 0 missing" in out
 
@@ -176,18 +170,18 @@ def test_cli_tuned_coverage_text_and_exit_0_when_covered(capsys: pytest.CaptureF
 def test_cli_bad_usage_or_input_is_exit_2_with_one_line(capsys: pytest.CaptureFixture[str],
                                                         argv: list[str | Path],
                                                         needle: str) -> None:
-    code, out, err = run(capsys, *argv)
+    code, out, err = run_cli(capsys, *argv)
     assert (code, out) == (2, "")
     assert len(err.splitlines()) == 1 and "error: " in err and needle in err
 
 
 def test_cli_aiter_log_json_and_exit_codes(capsys: pytest.CaptureFixture[str],
                                            tmp_path: Path) -> None:
-    code, out, _ = run(capsys, "aiter-log", LOG, "--json")
+    code, out, _ = run_cli(capsys, "aiter-log", LOG, "--json")
     data = json.loads(out)
     assert (code, data["hits"], data["misses"], len(data["shapes"])) == (1, 4, 3, 5)
     hits_only = tmp_path / "hits.log"
     hits_only.write_text("\n".join(line for line in LOG.read_text().splitlines()
                                    if "not found" not in line and "no tuned" not in line))
-    code, out, _ = run(capsys, "aiter-log", hits_only)
+    code, out, _ = run_cli(capsys, "aiter-log", hits_only)
     assert code == 0 and "4 tuned-config hit(s), 0 miss(es)" in out

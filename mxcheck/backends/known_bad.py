@@ -28,7 +28,7 @@ class NibbleSwap(EmulatedBackend):
     name = "bad-nibble-swap"
 
     def gemm(self, a, b, **kw):
-        if getattr(getattr(a, "fmt", None), "name", None) == "e2m1":
+        if getattr(getattr(a, "fmt", None), "bits", None) == 4:  # packed two codes per byte
             codes = a.codes.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
             a = replace(a, codes=codes)
         return super().gemm(a, b, **kw)

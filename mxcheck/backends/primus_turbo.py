@@ -48,7 +48,7 @@ from typing import Any
 
 import torch
 
-from mxcheck.backends.aiter import check_nt_pair, check_spec, mx_tensor, vendor_available
+from mxcheck.backends.amd_mx import check_nt_pair, check_spec, mx_tensor, vendor_available
 from mxcheck.formats import get_format
 from mxcheck.hadamard import get_hadamard
 from mxcheck.layouts import pack_mxfp6_blob, unpack_mxfp6_blob
@@ -65,6 +65,7 @@ _FP8_FORMATS = {("e4m3", "e4m3"): "E4M3", ("e5m2", "e5m2"): "E5M2", ("e4m3", "e5
 # EVEN rule; the MXFP6 packer is AITER's, bit-exact in the row direction).
 _MXFP4 = {"scale_rule": "even", "zero_scale": 0}
 _MXFP6 = {"scale_rule": "floor", "rounding": "half_away", "hadamard": "h32", "zero_scale": 127}
+_MX_FORMATS = {"e2m1": ("mxfp4", _MXFP4), "e2m3": ("mxfp6", _MXFP6)}  # Primus-Turbo's MX element formats
 _MX_INPUT_DTYPES = (torch.bfloat16, torch.float16)
 _FP6_MULTIPLES = {"M": 256, "N": 256, "K": 128}  # gemm_fp6_impl.py @ 0307ccde can_handle
 # (module under primus_turbo.pytorch, attribute) that MXFP6 needs; none is in a release.
@@ -103,7 +104,7 @@ def _pt(module: str) -> Any:
 def _family(spec: OperandSpec) -> str | None:
     if spec.scaling == "tensor":
         return "fp8" if spec.scale_formula == "primus_turbo" and spec.fmt in _FP8_DTYPES else None
-    want = {"e2m1": ("mxfp4", _MXFP4), "e2m3": ("mxfp6", _MXFP6)}.get(spec.fmt)
+    want = _MX_FORMATS.get(spec.fmt)
     if want is None:
         return None
     try:
@@ -186,23 +187,25 @@ class PrimusTurboBackend:
             raise ValueError(f"primus_turbo quantizes a 2D [rows, K] operand, got shape {tuple(x.shape)}")
         if spec.scaling == "tensor":
             return self._fp8(x, spec)
-        if spec.fmt == "e2m1":
+        if spec.fmt not in _MX_FORMATS:
+            raise ValueError(f"primus_turbo quantizes MX e2m1/e2m3 and tensorwise e4m3/e5m2, not {spec.fmt}/{spec.scaling}")
+        if get_format(spec.fmt).bits == 4:
             lp, q = _pt("core.low_precision"), _pt("ops.quantization")
             data, scale = q.quantize_fp4(_mx_input(x, "primus_turbo quantize_fp4"), torch.float4_e2m1fn_x2, lp.ScalingGranularity.MX_BLOCKWISE,
                                          block_size=32, axis=1, scaling_recipe=self._fp4_recipe(spec))
             return mx_tensor(unpack_fp4(data.view(torch.uint8)), scale.view(torch.uint8), spec, tuple(x.shape))
-        if spec.fmt == "e2m3":
-            check_spec(spec, _MXFP6, "primus_turbo MXFP6 packer")
-            blob, sblob = _pt("kernels.quantization.mxfp6_pack").quantize_mxfp6_row(_mx_input(x, "primus_turbo MXFP6 packer"))
-            return mx_tensor(*unpack_mxfp6_blob(blob, sblob, *x.shape), spec, tuple(x.shape))
-        raise ValueError(f"primus_turbo quantizes MX e2m1/e2m3 and tensorwise e4m3/e5m2, not {spec.fmt}/{spec.scaling}")
+        check_spec(spec, _MXFP6, "primus_turbo MXFP6 packer")
+        blob, sblob = _pt("kernels.quantization.mxfp6_pack").quantize_mxfp6_row(_mx_input(x, "primus_turbo MXFP6 packer"))
+        return mx_tensor(*unpack_mxfp6_blob(blob, sblob, *x.shape), spec, tuple(x.shape))
 
     def quantize_dual(self, x: torch.Tensor, row: OperandSpec, col: OperandSpec) -> tuple[MXTensor, MXTensor]:
         """One dual-kernel pass over x [M, K]: (x along K as [M, K], x^T along M as [K, M])."""
         if x.dim() != 2 or row.fmt != col.fmt:
             raise ValueError("quantize_dual takes a 2D x and two specs of one format")
+        if row.fmt not in _MX_FORMATS:
+            raise ValueError(f"quantize_dual covers e2m1 and e2m3, not {row.fmt}")
         m, k = x.shape
-        if row.fmt == "e2m1":
+        if get_format(row.fmt).bits == 4:
             lp, q = _pt("core.low_precision"), _pt("ops.quantization")
             r, rs, c, cs = q.quantize_fp4_with_trans(
                 _mx_input(x, "primus_turbo quantize_fp4_with_trans"), torch.float4_e2m1fn_x2,
@@ -210,14 +213,12 @@ class PrimusTurboBackend:
                 scaling_recipe=self._fp4_recipe(row), scaling_recipe_for_trans=self._fp4_recipe(col))
             return (mx_tensor(unpack_fp4(r.view(torch.uint8)), rs.view(torch.uint8), row, (m, k)),
                     mx_tensor(unpack_fp4(c.view(torch.uint8)), cs.view(torch.uint8), col, (k, m)))
-        if row.fmt == "e2m3":
-            check_spec(row, _MXFP6, "primus_turbo MXFP6 packer")
-            check_spec(col, _MXFP6, "primus_turbo MXFP6 packer")
-            rb, rsb, cb, csb = _pt("kernels.quantization.mxfp6_pack").quantize_mxfp6_dual(
-                _mx_input(x, "primus_turbo MXFP6 packer"))
-            return (mx_tensor(*unpack_mxfp6_blob(rb, rsb, m, k), row, (m, k)),
-                    mx_tensor(*unpack_mxfp6_blob(cb, csb, k, m), col, (k, m)))
-        raise ValueError(f"quantize_dual covers e2m1 and e2m3, not {row.fmt}")
+        check_spec(row, _MXFP6, "primus_turbo MXFP6 packer")
+        check_spec(col, _MXFP6, "primus_turbo MXFP6 packer")
+        rb, rsb, cb, csb = _pt("kernels.quantization.mxfp6_pack").quantize_mxfp6_dual(
+            _mx_input(x, "primus_turbo MXFP6 packer"))
+        return (mx_tensor(*unpack_mxfp6_blob(rb, rsb, m, k), row, (m, k)),
+                mx_tensor(*unpack_mxfp6_blob(cb, csb, k, m), col, (k, m)))
 
     @staticmethod
     def _fp8(x: torch.Tensor, spec: OperandSpec) -> FP8Tensor:
@@ -241,14 +242,16 @@ class PrimusTurboBackend:
             out = self._gemm_fp8(a, b, out_dtype, lp, be)
         else:
             ac, asc, bc, bsc = check_nt_pair(a, b)
+            if a.fmt.name not in _MX_FORMATS:
+                raise ValueError(f"primus_turbo has no MX GEMM for {a.fmt.name}; expected e2m1 or e2m3")
             m, n, k = ac.shape[0], bc.shape[0], ac.shape[1]
             gran = lp.ScalingGranularity.MX_BLOCKWISE.value
-            if a.fmt.name == "e2m1":
+            if a.fmt.bits == 4:
                 impl = _pt("kernels.gemm.gemm_fp4_impl").gemm_fp4_impl
                 out = impl(pack_fp4(ac).view(torch.float4_e2m1fn_x2), asc.view(torch.float8_e8m0fnu), False,
                            pack_fp4(bc).view(torch.float4_e2m1fn_x2), bsc.view(torch.float8_e8m0fnu), True,
                            out_dtype, False, granularity=gran, default_backend=be.BackendType.HIPBLASLT.value)
-            elif a.fmt.name == "e2m3":
+            else:  # e2m3, packed four codes in three bytes
                 if out_dtype != torch.bfloat16:
                     raise ValueError(f"primus_turbo gemm_fp6_impl writes bfloat16 only, got out_dtype={out_dtype}")
                 bad = [f"{d}={v} (needs a multiple of {q})"
@@ -257,8 +260,6 @@ class PrimusTurboBackend:
                     raise ValueError(f"primus_turbo gemm_fp6_impl: {', '.join(bad)} for M={m} N={n} K={k}")
                 (ab, asb), (bb, bsb) = pack_mxfp6_blob(ac, asc), pack_mxfp6_blob(bc, bsc)
                 out = _pt("kernels.gemm.gemm_fp6_impl").gemm_fp6_impl(ab, asb, bb, bsb, m, n, k, out_dtype, gran)
-            else:
-                raise ValueError(f"primus_turbo has no MX GEMM for {a.fmt.name}; expected e2m1 or e2m3")
             out = out[:m, :n]
         return out if bias is None else out + bias.to(out.dtype)
 

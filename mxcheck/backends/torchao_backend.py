@@ -47,6 +47,7 @@ import torch
 from mxcheck.backends import import_vendor
 from mxcheck.backends.torch_scaled_mm import MIN_CAPABILITY, nvidia_missing
 from mxcheck.formats import get_format
+from mxcheck.packing import unpack_fp4
 from mxcheck.recipes import OPERANDS, OperandSpec, Recipe, get_recipe
 from mxcheck.scaling.fp8 import FP8Tensor
 from mxcheck.scaling.mx import MXTensor
@@ -268,13 +269,11 @@ class TorchaoBackend:
         name = TORCHAO_DTYPES[spec.fmt]
         elem_dtype: Any = getattr(torch, name, name)
         scale, data = to_mx(xs, elem_dtype, 32, ScaleCalculationMode(spec.scale_rule))
-        raw = data.view(torch.uint8)
-        if spec.fmt == "e2m1":  # two per byte, low nibble = even index
-            codes = torch.stack([raw & 0xF, raw >> 4], dim=-1).reshape(xs.shape)
-        else:
-            codes = raw.reshape(xs.shape)
+        raw, fmt = data.view(torch.uint8), get_format(spec.fmt)
+        # fp4 comes two per byte (low nibble = even index); fp6 and fp8 one per byte
+        codes = (unpack_fp4(raw) if fmt.bits == 4 else raw).reshape(xs.shape)
         scales = scale.view(torch.uint8).reshape(rows, -1)
-        return MXTensor(codes=codes.contiguous(), scales=scales.contiguous(), fmt=get_format(spec.fmt),
+        return MXTensor(codes=codes.contiguous(), scales=scales.contiguous(), fmt=fmt,
                         block_size=32, axis=1, shape=(rows, k), scale_rule=spec.scale_rule,
                         rounding=spec.rounding, zero_scale=spec.zero_scale)
 

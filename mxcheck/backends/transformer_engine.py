@@ -43,8 +43,8 @@ import torch
 
 from mxcheck.backends import import_vendor
 from mxcheck.backends.torch_scaled_mm import MIN_CAPABILITY, nvidia_missing
-from mxcheck.ops import UNTRACED, announce_gemm
 from mxcheck.recipes import OPERANDS, RECIPES, Recipe, get_recipe
+from mxcheck.trace_ops import UNTRACED, announce_gemm
 
 __all__ = ["TransformerEngineBackend", "te_recipe_args"]
 

@@ -67,7 +67,7 @@ def _operand(q: MXTensor, name: str) -> tuple[torch.Tensor, torch.Tensor, int]:
         raise ValueError(f"{name}: triton dot_scaled takes e2m1/e4m3/e5m2 in 32-blocks along the last "
                          f"axis, got fmt={q.fmt.name} block_size={q.block_size} axis={q.axis}")
     data = q.pack().contiguous()
-    return data, q.scales.contiguous(), 2 if q.fmt.name == "e2m1" else 1
+    return data, q.scales.contiguous(), 8 // q.fmt.bits  # codes per byte: fp4 2, fp8 1
 
 
 def triton_mx_gemm(a: MXTensor, b: MXTensor, *, out_dtype: torch.dtype = torch.bfloat16,

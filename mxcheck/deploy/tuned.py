@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mxcheck.flux import flux_linear_shapes, unique_gemms
+from mxcheck.text import table
 
 __all__ = [
     "REQUIRED_COLUMNS",
@@ -173,15 +174,12 @@ class Coverage:
         head = (f"{self.table.source}: {self.model} mbs {self.mbs}, {self.img_tokens} image + "
                 f"{self.txt_tokens} text tokens, {where}: "
                 + ", ".join(f"{self.count(s)} {s}" for s in STATUSES))
-        table = [("status", "dir", "M", "N", "K", "tuned M", "layers")]
+        rows = [("status", "dir", "M", "N", "K", "tuned M", "layers")]
         for r in sorted(self.rows, key=lambda r: (STATUSES.index(r.status), r.direction)):
             more = f" (+{len(r.layers) - 1})" if len(r.layers) > 1 else ""
-            table.append((r.status, r.direction, str(r.m), str(r.n), str(r.k),
-                          "-" if r.tuned_m is None else str(r.tuned_m), r.layers[0] + more))
-        widths = [max(len(row[i]) for row in table) for i in range(len(table[0]) - 1)]
-        body = ["  " + "  ".join(c.ljust(w) for c, w in zip(row[:-1], widths, strict=True)) + "  " + row[-1]
-                for row in table]
-        return "\n".join([head, *body]) + "\n"
+            rows.append((r.status, r.direction, str(r.m), str(r.n), str(r.k),
+                         "-" if r.tuned_m is None else str(r.tuned_m), r.layers[0] + more))
+        return f"{head}\n{table(rows)}"
 
 
 def _lookup(index: dict[tuple[int, int, int], TunedRow], m: int, n: int,

@@ -19,24 +19,23 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 from mxcheck.flux.config import FluxConfig, get_config
+from mxcheck.recipes import GEMM_DIRECTIONS
+from mxcheck.text import table
 
 __all__ = [
-    "DIRECTIONS",
     "GemmShape",
     "LinearInfo",
     "LinearShape",
     "flux_linear_shapes",
     "flux_linears",
     "shapes_csv",
+    "shapes_json",
+    "shapes_text",
     "unique_gemms",
 ]
-
-DIRECTIONS = ("fwd", "dgrad", "wgrad")
-STREAMS = ("img", "txt", "joint", "vec")
 
 
 @dataclass(frozen=True)
@@ -81,11 +80,11 @@ class LinearShape:
         i, o, t = self.linear.in_features, self.linear.out_features, self.tokens
         mnk = {"fwd": (t, o, i), "dgrad": (t, i, o), "wgrad": (o, i, t)}
         if direction not in mnk:
-            raise ValueError(f"direction={direction!r}: expected one of {DIRECTIONS}")
+            raise ValueError(f"direction={direction!r}: expected one of {GEMM_DIRECTIONS}")
         return GemmShape(self.name, direction, *mnk[direction])
 
     def gemms(self) -> tuple[GemmShape, ...]:
-        return tuple(self.gemm(d) for d in DIRECTIONS)
+        return tuple(self.gemm(d) for d in GEMM_DIRECTIONS)
 
 
 def _embedder(prefix: str, in_dim: int, hidden: int, stream: str) -> list[LinearInfo]:
@@ -166,6 +165,16 @@ def shapes_csv(shapes: list[LinearShape]) -> str:
     return buf.getvalue()
 
 
-def iter_gemms(shapes: list[LinearShape]) -> Iterator[GemmShape]:
-    for row in shapes:
-        yield from row.gemms()
+def shapes_json(shapes: list[LinearShape]) -> list[dict[str, object]]:
+    """One JSON object per layer and direction: layer, stream, direction, m, n, k."""
+    return [{"layer": g.layer, "stream": row.linear.stream, "direction": g.direction,
+             "m": g.m, "n": g.n, "k": g.k} for row in shapes for g in row.gemms()]
+
+
+def shapes_text(shapes: list[LinearShape]) -> str:
+    """How many linears and unique GEMMs, then a table of the unique GEMMs."""
+    unique = unique_gemms(shapes)
+    rows = [["direction", "M", "N", "K", "layers"]]
+    rows += [[d, str(m), str(n), str(k), f"{len(names)} ({names[0]}...)"]
+             for (d, m, n, k), names in unique.items()]
+    return f"{len(shapes)} linears, {len(unique)} unique GEMMs\n{table(rows)}"

@@ -25,11 +25,11 @@ from typing import Any
 import torch
 
 from mxcheck.gemm import PlainTensor, QTensor, emulated_gemm, quantize_operand
-from mxcheck.ops import announce_gemm, announce_quantize, oracle_scope
 from mxcheck.recipes import OPERANDS, Recipe, get_recipe
 from mxcheck.scaling import DelayedScaling
 from mxcheck.scaling.fp8 import FP8_GRANULARITIES
 from mxcheck.scaling.nvfp4 import NVFP4Tensor
+from mxcheck.trace_ops import announce_gemm, announce_quantize, oracle_scope
 
 __all__ = [
     "QuantLinearFunction",

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from mxcheck.recipes import LINEAR_DIRECTIONS
+
 __all__ = [
     "DIRECTIONS",
     "SCHEMA_VERSION",
@@ -33,7 +35,7 @@ __all__ = [
 
 SCHEMA_VERSION = 1
 # Logical GEMM order, used for sorting too: a table reads fwd before its backward.
-DIRECTIONS = ("fwd", "dgrad", "wgrad", "bgrad", "quantize")
+DIRECTIONS = (*LINEAR_DIRECTIONS, "quantize")  # a record's: a linear's, or a quantize check
 KINDS = ("snr", "bitwise", "deterministic")  # documented kinds; any other string is allowed
 
 _NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
