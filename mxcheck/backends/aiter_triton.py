@@ -30,13 +30,8 @@ import torch
 
 from mxcheck import hardware
 from mxcheck.backends import import_vendor
-from mxcheck.backends.aiter import (
-    AITER_QUANT_SPECS,
-    DISTRIBUTION,
-    check_nt_pair,
-    check_spec,
-    mx_tensor,
-)
+from mxcheck.backends.aiter import AITER_QUANT_SPECS, DISTRIBUTION
+from mxcheck.backends.amd_mx import check_nt_pair, check_spec, mx_tensor
 from mxcheck.packing import pack_fp4, unpack_fp4
 from mxcheck.recipes import OPERANDS, OperandSpec, Recipe, get_recipe
 from mxcheck.scaling.mx import MXTensor
