@@ -289,6 +289,7 @@ SNR_FLOORS = {mode: quantize_floor(f"nvfp4/{mode}") for mode in ("1x16", "16x16"
 
 @pytest.mark.parametrize("mode", list(SNR_FLOORS))
 def test_snr_against_float64_input_is_above_the_measured_floor(mode, gen, numerics):
+    # False failure per run < 1e-300: z >= 74 over 60 seeds (mxcheck.false_failure, "nvfp4").
     x = torch.randn(256, 256, generator=gen)
     hadamard = "h16_te" if "h16_te" in mode else None
     q = nvfp4_quantize(x, block_2d=mode.startswith("16x16"), hadamard=hadamard)
