@@ -319,6 +319,7 @@ SNR_FLOOR = {fmt: quantize_floor(f"fp8/{fmt}") for fmt in ("e4m3", "e5m2", "e4m3
 @pytest.mark.parametrize("granularity", ["tensor", "row", "block1x128", "block128x128"])
 @pytest.mark.parametrize("fmt", FP8_FORMATS)
 def test_dequantize_is_value_times_scale_inv_and_beats_snr_floor(fmt, granularity, gen, numerics):
+    # False failure per run < 1e-300: z >= 171 over 60 seeds (mxcheck.false_failure, "fp8").
     x = torch.randn(256, 256, generator=gen)
     q = fp8_quantize(x, fmt, granularity=granularity)
     values = torch.from_numpy(q.codes.numpy().view(ML_DTYPES[fmt]).astype(np.float32))

@@ -75,6 +75,7 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 @pytest.mark.parametrize("recipe", list(RECIPES))
 def test_each_recipe_reaches_its_snr_floor_against_float64_truth(recipe, gen, numerics):
+    # False failure per run < 1e-300: z >= 41 over 60 seeds (mxcheck.false_failure, "functions").
     x, w, b, dy = inputs(gen)
     states = make_delayed_states(recipe)
     if states:
@@ -107,6 +108,7 @@ def test_mxfp4_wgrad_hadamard_pair_cancels(gen, numerics):
     # The H16 (+) H16 / 4 pair on g_col and x_col is orthonormal and rotates both wgrad
     # operands along M, so it cancels in the product: with and without it the wgrad is the
     # same product up to quantization noise (one-sided rotation is refused in test_gemm).
+    # False failure per run < 1e-300: z >= 94 over 60 seeds (mxcheck.false_failure, "hpair").
     plain = replace(RECIPES["mxfp4"], name="mxfp4-noH", g_col=replace(RECIPES["mxfp4"].g_col, hadamard=None),
                     x_col=replace(RECIPES["mxfp4"].x_col, hadamard=None))
     x, w, b, dy = inputs(gen)
@@ -332,7 +334,8 @@ def test_fused_mlp_equals_the_unfused_composition_bit_for_bit(recipe, gen, numer
 def test_fused_mlp_is_close_to_float64_truth(gen, numerics):
     # A sanity floor beside the bit-exactness above: mxfp6 through fc1, GELU and fc2
     # (two GEMMs' noise compounds: a single mxfp6 GEMM gives 28); floor and measurement in
-    # mxcheck.thresholds.MODEL_FLOORS.
+    # mxcheck.thresholds.MODEL_FLOORS. False failure per run < 1e-300: z = 43 over 60 seeds
+    # (mxcheck.false_failure, "mlp").
     (x, w1, b1, w2, b2), _ = mlp_inputs(gen)
     X = x.double().reshape(-1, x.shape[-1])
     h = F.gelu(X @ w1.double().T + b1.double(), approximate="tanh")
