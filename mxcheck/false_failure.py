@@ -44,6 +44,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from mxcheck import thresholds
+from mxcheck.conformance.sr import SR_FALSE_FAILURE
 
 __all__ = ["MEASURED_SNR", "MIN_Z", "REGISTRY", "RUN_BUDGET", "MeasuredSNR", "RandomizedCheck",
            "gaussian_tail", "margin_probability", "snr_floor"]
@@ -282,8 +283,6 @@ def _margin(where: str, what: str, family: str) -> RandomizedCheck:
 
 
 def _registry() -> tuple[RandomizedCheck, ...]:
-    from mxcheck.conformance.sr import SR_FALSE_FAILURE  # noqa: PLC0415  (conformance imports the oracles)
-
     bernstein = ("Bernstein's inequality per element (variance at its largest over the up-probability's "
                  "resolution interval), union over the call's elements: sr_deviation_bound at "
                  f"SR_FALSE_FAILURE = {SR_FALSE_FAILURE:g} per call, for every seed and input")

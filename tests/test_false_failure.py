@@ -10,8 +10,8 @@ import pytest
 
 from mxcheck import false_failure as ff
 from mxcheck.conformance.sr import SR_FALSE_FAILURE
-from mxcheck.recipes import RECIPES, get_recipe
-from tests import test_fp8, test_functions, test_mx, test_nvfp4
+from mxcheck.recipes import LINEAR_DIRECTIONS, RECIPES, get_recipe
+from tests import test_fp8, test_mx, test_nvfp4
 from tests.conformance import test_conformance, test_sr_stats
 
 pytestmark = pytest.mark.emulated
@@ -35,11 +35,10 @@ def test_every_measured_floor_sits_min_z_standard_deviations_under_the_snr(famil
         assert (m.mean - floor) / m.sd >= ff.MIN_Z, (family, key, m, floor)
 
 
-DIRECTIONS = ("fwd", "dgrad", "wgrad", "bgrad")
 # family -> the comparisons one run makes, from the tests' own parametrizations
 PARAMETRIZATIONS = {
-    "linear": {(r, d) for r in test_conformance.RECIPE_NAMES for d in DIRECTIONS},
-    "functions": {(r, d) for r in RECIPES for d in test_functions.DIRECTIONS},
+    "linear": {(r, d) for r in test_conformance.RECIPE_NAMES for d in LINEAR_DIRECTIONS},
+    "functions": {(r, d) for r in RECIPES for d in LINEAR_DIRECTIONS},
     "mlp": {("mxfp6",)},
     "mx": {(f, r) for f in ("e2m1", "e2m3", "e3m2", "e4m3", "e5m2") for r in test_mx.RULES},
     "fp8": {(f, g) for f in test_fp8.FP8_FORMATS for g in ("tensor", "row", "block1x128", "block128x128")},

@@ -63,6 +63,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("harness", (
         "mxcheck.plugin", "mxcheck.deps", "mxcheck.report", "mxcheck.cli", "mxcheck.__main__",
         "mxcheck.sweep", "mxcheck.deploy", "mxcheck.distributed", "mxcheck.distributed_check",
+        "mxcheck.false_failure",  # the suite's randomized checks and their false-failure odds
     )),
 )
 RANK = {name: i for i, (name, _) in enumerate(LAYERS)}
