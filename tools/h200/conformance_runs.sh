@@ -4,6 +4,7 @@
 #   bash tools/h200/conformance_runs.sh transformer_engine aiter_triton torchao
 set -uo pipefail
 export PYTHONPATH=.:/tmp/site PYTHONUNBUFFERED=1 MXCHECK_AITER_PATH=/tmp/aiter OMP_NUM_THREADS=1
+python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . 2>&1 | tail -2  # the pytest11 entry point
 files="tests/conformance/test_conformance.py tests/conformance/test_edge_shapes.py tests/conformance/test_poison.py"
 for b in "$@"; do
     extra=""; [ "$b" = aiter_triton ] && extra=tests/test_aiter_triton_backend.py
