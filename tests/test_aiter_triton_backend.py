@@ -139,3 +139,20 @@ def test_the_report_names_the_aiter_tree_version_when_no_distribution_is_install
     monkeypatch.setenv("MXCHECK_AITER_PATH", str(tmp_path))
     monkeypatch.setattr(environment, "_distribution_version", lambda *a: None)
     assert environment.package_versions(["aiter"]) == {"aiter": f"9.8.7.dev1 (MXCHECK_AITER_PATH={tmp_path})"}
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize(("m", "n", "k"), [(256, 256, 512), (32, 64, 384), (4096, 3072, 3072)])
+def test_backend_gemm_is_within_the_fp32_accumulation_bound(m, n, k):
+    # (256, 256, 512) picks AITER's "large" MI350X config, 230 KiB of shared memory at its 3
+    # stages: more than an H200 has (the adapter lowers the stages); 384 is not whole K tiles.
+    from mxcheck.conformance._common import _assert_in_bound
+    from mxcheck.scaling.mx import mx_quantize
+
+    backend = AiterTritonBackend()
+    ok, why = backend.available()
+    if not ok:
+        pytest.skip(why)
+    g = torch.Generator().manual_seed(m + n + k)
+    a, b = (mx_quantize(torch.randn(r, k, generator=g).bfloat16().cuda(), "e2m1", scale_rule="even") for r in (m, n))
+    _assert_in_bound(backend.gemm(a, b), a, b, f"aiter_triton gemm M={m} N={n} K={k}")

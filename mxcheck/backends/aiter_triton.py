@@ -187,5 +187,22 @@ class AiterTritonBackend:
         config = kernels["get_config"](m, n, x.shape[1])
         if hardware.detect().vendor == "nvidia":
             config = nvidia_config(config)
-        out = kernels["gemm"](x, w, asc.contiguous(), bsc.contiguous(), out_dtype, config=dict(config))
+        out = _fitting_stages(lambda c: kernels["gemm"](x, w, asc.contiguous(), bsc.contiguous(), out_dtype, config=c),
+                              config)
         return out if bias is None else out + bias.to(out.dtype)
+
+
+def _fitting_stages(launch: Any, config: dict[str, Any]) -> torch.Tensor:
+    """launch(config), with num_stages lowered one at a time while Triton finds the kernel
+    too large for this device's shared memory: AITER tunes its stages for MI350X, and on an
+    H200 (227 KiB per block) its 128x256x256 3-stage config needs 230 KiB. The pipeline
+    depth changes neither the tiles nor the accumulation order."""
+    from triton.runtime.errors import OutOfResources  # noqa: PLC0415  (vendor packages load late)
+
+    while True:
+        try:
+            return launch(dict(config))
+        except OutOfResources:
+            if config.get("num_stages", 1) <= 1:
+                raise
+            config = {**config, "num_stages": config["num_stages"] - 1}
