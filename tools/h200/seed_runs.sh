@@ -10,4 +10,3 @@ fi
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . 2>&1 | tail -2
 SEEDS=${SEEDS:-6} PYTEST="python3 -m pytest" XDIST="-n ${WORKERS:-15}" timeout "${SEED_TIMEOUT:-540}" \
     bash tools/seed_sweep.sh 2>&1 | tee "$OUT/seed_sweep.log"
-cp /tmp/seed_sweep_*.log "$OUT/" 2>/dev/null; ls "$OUT" | head
