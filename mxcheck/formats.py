@@ -207,6 +207,19 @@ def check_float_tensor(x: torch.Tensor, name: str = "x") -> None:
         )
 
 
+# What every quantizer takes: its scale arithmetic reads float32 bits, and the kernels it
+# models (TE, torchao, Primus-Turbo, AITER) read at most float32.
+QUANTIZE_INPUTS = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def check_quantize_input(x: torch.Tensor, who: str) -> None:
+    """TypeError unless x is a float32, bfloat16 or float16 tensor; ``who`` names the caller."""
+    check_float_tensor(x)
+    if x.dtype not in QUANTIZE_INPUTS:
+        raise TypeError(f"x.dtype={x.dtype}; {who} takes {[str(d) for d in QUANTIZE_INPUTS]} (scales are "
+                        "computed on float32 bits, as the kernels do: convert float64 input explicitly)")
+
+
 def check_bool(value: object, name: str) -> None:
     """TypeError unless value is a bool (a truthy "no" or a None must not pick a policy)."""
     if not isinstance(value, bool):
@@ -257,7 +270,7 @@ def encode_bits(
     return encode_bits_int(x, fmt, rounding, saturate, u)
 
 
-_FLOAT_PATH_INPUTS = (torch.float32, torch.bfloat16, torch.float16)
+_FLOAT_PATH_INPUTS = QUANTIZE_INPUTS
 _F32_EXP_MASK = 0x7F800000
 
 
@@ -266,9 +279,10 @@ def _round_int_rne(t, u):
 
 
 def _round_int_half_away(t, u):
-    # not floor(t + 0.5): that sum rounds up for t = nextbelow(0.5) in float32
+    # not floor(t + 0.5): that sum rounds up for t = nextbelow(0.5) in float32. t >= 0 here
+    # and is consumed: t - floor(t) is exact, and is computed in t's own buffer.
     r = torch.floor(t)
-    return r.add_((t - r >= 0.5).to(t.dtype))  # t - floor(t) is exact
+    return r.add_(t.sub_(r) >= 0.5)
 
 
 def _round_int_trunc(t, u):
@@ -307,23 +321,26 @@ def encode_bits_float(x: torch.Tensor, fmt: FloatFormat, rounding: str = "rne",
         if x.dtype == torch.float16 and fmt.nan != "fnuz":  # float16 -> float32 drops a NaN's sign
             code = code | ((torch.isnan(a) & torch.signbit(x)).to(torch.uint8) << 7)
         return code
-    # signbit of the source itself: torch's float16 -> float32 cast drops a NaN's sign
-    sign = torch.signbit(x).to(torch.int32) << (fmt.bits - 1)
     nan = torch.isnan(a) if nan_codes else None
-    a.abs_()
-    a.clamp_(max=fmt.max)  # Inf -> max; a NaN stays NaN and its code is fixed below
-    e_bits = (a.view(torch.int32) & _F32_EXP_MASK).clamp_(min=(fmt.emin + 127) << 23)
-    # 1 / quantum = 2**(mbits - E): its float32 exponent field is 127 + mbits - E.
-    a.mul_((((2 * 127 + fmt.mbits) << 23) - e_bits).view(torch.float32))
+    a.abs_().clamp_(max=fmt.max)  # Inf -> max; a NaN stays NaN and its code is fixed below
+    # E's float32 exponent field, at least emin's. 1 / quantum = 2**(mbits - E) has the field
+    # 127 + mbits - E: formed in the same int32 buffer, and turned back after the multiply.
+    field = (a.view(torch.int32) & _F32_EXP_MASK).clamp_(min=(fmt.emin + 127) << 23)
+    inv_quantum = (2 * 127 + fmt.mbits) << 23
+    a.mul_(field.neg_().add_(inv_quantum).view(torch.float32))
     r = _ROUND_TO_INT[rounding](a, u)
-    mag = e_bits.sub_((127 + fmt.emin) << 23).bitwise_right_shift_(23 - fmt.mbits).add_(r.to(torch.int32))
+    # (E - emin) << mbits, from the buffer that holds inv_quantum - field
+    mag = field.neg_().add_(inv_quantum - ((127 + fmt.emin) << 23)).bitwise_right_shift_(23 - fmt.mbits)
+    code = mag.add_(r.to(torch.int32)).to(torch.uint8)
+    # signbit of the source itself: torch's float16 -> float32 cast drops a NaN's sign
+    sign = torch.signbit(x).to(torch.uint8).bitwise_left_shift_(fmt.bits - 1)
     if fmt.nan == "fnuz":  # no negative zero: the sign goes only on non-zero codes
-        sign = torch.where(mag == 0, 0, sign)
-    code = mag.bitwise_or_(sign)
+        sign.mul_(code != 0)
+    code.bitwise_or_(sign)
     if nan is not None:
-        nan_code = 0 if fmt.nan_code is None else fmt.nan_code if fmt.nan == "fnuz" else fmt.nan_code | sign
+        nan_code = 0 if fmt.nan_code is None else fmt.nan_code if fmt.nan == "fnuz" else sign.bitwise_or_(fmt.nan_code)
         code = torch.where(nan, nan_code, code)
-    return code.to(torch.uint8)
+    return code
 
 
 def encode_bits_int(

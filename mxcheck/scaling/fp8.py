@@ -32,12 +32,12 @@ import torch
 from mxcheck.formats import (
     FORMATS,
     FloatFormat,
-    check_float_tensor,
+    check_quantize_input,
     decode_table,
     encode_bits,
     get_format,
 )
-from mxcheck.scaling.blocks import block_amax, check_tiles, per_element, per_row
+from mxcheck.scaling.blocks import block_amax, by_row_chunks, check_tiles, per_row
 
 __all__ = [
     "FP8_FORMATS",
@@ -50,7 +50,6 @@ __all__ = [
 
 FP8_FORMATS = tuple(name for name, f in FORMATS.items() if f.bits == 8 and f.signed)
 FLT_MAX = torch.finfo(torch.float32).max
-_FP8_INPUTS = (torch.float32, torch.bfloat16, torch.float16)
 
 
 @dataclass(frozen=True)
@@ -80,12 +79,21 @@ class ScaleOptions:
     value_for_inf: float = FLT_MAX
 
 
+def _scaled_max(fp8_max: float, margin: int) -> torch.Tensor:
+    """TE's ``fp8_max * 2**-margin`` as a float32 (exact), the numerator of every scale."""
+    return torch.tensor(fp8_max * 2.0**-margin, dtype=torch.float32)
+
+
+def _inf_to(scale: torch.Tensor, value_for_inf: float = FLT_MAX) -> torch.Tensor:
+    """An Inf scale replaced by a finite one (FLT_MAX, or the input dtype's max in TE's
+    blockwise kernels), as every TE scale computation does."""
+    return torch.where(torch.isinf(scale), torch.tensor(value_for_inf, dtype=torch.float32), scale)
+
+
 def _te(amax: torch.Tensor, fp8_max: float, opt: ScaleOptions) -> torch.Tensor:
-    # recipe_common.cuh compute_scale_from_amax; fp8_max * 2^-margin is exact in float32.
+    # recipe_common.cuh compute_scale_from_amax
     amax = torch.where(amax < opt.eps, torch.tensor(opt.eps, dtype=torch.float32), amax)
-    scaled_max = torch.tensor(fp8_max * 2.0**-opt.margin, dtype=torch.float32)
-    scale = scaled_max / amax
-    scale = torch.where(torch.isinf(scale), torch.tensor(opt.value_for_inf, dtype=torch.float32), scale)
+    scale = _inf_to(_scaled_max(fp8_max, opt.margin) / amax, opt.value_for_inf)
     if opt.power_of_2:
         scale = (scale.view(torch.int32) & -0x800000).view(torch.float32)  # & 0xFF800000
     special = torch.isinf(amax) | (amax == 0) | torch.isnan(amax)
@@ -123,15 +131,21 @@ class FP8Tensor:
 
     def dequantize(self) -> torch.Tensor:
         """float32 ``fp8_value * scale_inv`` (one float32 multiply, as TE's dequantize)."""
-        values = decode_table(self.fmt, self.codes.device).to(torch.float32)[self.codes.to(torch.int64)]
-        return values * _per_element(self.scale_inv, FP8_GRANULARITIES[self.granularity])
+        table = decode_table(self.fmt, self.codes.device).to(torch.float32)
+        return _blockwise(lambda c, s: table[c.to(torch.int32)] * s, self.codes, self.scale_inv,
+                          FP8_GRANULARITIES[self.granularity])
 
 
-def _per_element(s: torch.Tensor, g: Granularity) -> torch.Tensor:
-    """Broadcastable per-element view of a per-block tensor."""
+def _blockwise(fn, x: torch.Tensor, s: torch.Tensor, g: Granularity) -> torch.Tensor:
+    """``fn(x, s)`` with s broadcast over x, computed on row chunks: a tensor scale is one
+    value; a row scale (M, 1) broadcasts as it is; a block scale is spread over its rows,
+    and over its columns by viewing x in blocks (no per-element copy of the scales)."""
+    if g.rows is None:
+        return by_row_chunks(lambda xc: fn(xc, s), x)
     if g.cols is None:
-        return s
-    return per_element(per_row(s, g.rows), g.cols)
+        return by_row_chunks(fn, x, s)
+    blocks = x.unflatten(-1, (-1, g.cols))
+    return by_row_chunks(lambda xc, sc: fn(xc, sc.unsqueeze(-1)), blocks, per_row(s, g.rows)).flatten(-2)
 
 
 def _check_fp8_format(fmt: str | FloatFormat) -> FloatFormat:
@@ -187,7 +201,11 @@ def _amax(x: torch.Tensor, granularity: str) -> torch.Tensor:
 def _encode_scaled(x: torch.Tensor, scale: torch.Tensor, fmt: FloatFormat, g: Granularity) -> torch.Tensor:
     # x * scale is one float32 multiply (TE: `static_cast<float>(x) * scale`), then RNE with
     # saturation, which is cvt.rn.satfinite and equals clamp(+-max) followed by the cast.
-    return encode_bits(x * _per_element(scale, g), fmt, "rne", True)
+    # A float16 x is widened first, as TE reads it (the float32 NaN it gives carries no sign).
+    def encode(xc: torch.Tensor, sc: torch.Tensor) -> torch.Tensor:
+        return encode_bits(xc.to(torch.float32) * sc, fmt, "rne", True)
+
+    return _blockwise(encode, x, scale, g)
 
 
 def fp8_quantize(
@@ -207,20 +225,16 @@ def fp8_quantize(
     ``scale_formula``, ``margin``, ``power_of_2`` and ``eps``: see the module docstring.
     """
     fmt = _check_fp8_format(fmt)
-    check_float_tensor(x)
-    if x.dtype not in _FP8_INPUTS:
-        raise TypeError(f"x.dtype={x.dtype}; fp8_quantize takes {[str(d) for d in _FP8_INPUTS]} "
-                        "(TE reads at most float32: convert float64 input explicitly)")
+    check_quantize_input(x, "fp8_quantize")
     if granularity not in FP8_GRANULARITIES:
         raise ValueError(f"granularity={granularity!r} is not known; expected one of {list(FP8_GRANULARITIES)}")
     _check_options(scale_formula, margin, power_of_2, eps)
     g = FP8_GRANULARITIES[granularity]
-    xf = x.to(torch.float32)
-    amax = _amax(xf, granularity)
+    amax = _amax(x, granularity)  # in x's dtype: exact, and no float32 copy of x
     inf_value = torch.finfo(x.dtype).max if g.inf_to_input_max else FLT_MAX
     opt = ScaleOptions(margin=margin, power_of_2=power_of_2, eps=float(eps), value_for_inf=inf_value)
     scale = SCALE_FORMULAS[scale_formula](amax, fmt.max, opt)
-    codes = _encode_scaled(xf, scale, fmt, g)
+    codes = _encode_scaled(x, scale, fmt, g)
     return FP8Tensor(codes=codes, scale_inv=1.0 / scale, fmt=fmt, granularity=granularity, scale=scale,
                      amax=amax)
 
@@ -256,10 +270,8 @@ def _fused_update(h, scale, algo, fp8_max, margin):
         h = _roll(h)
     if algo == "most_recent":
         amax = last
-    scaled_max = torch.tensor(fp8_max * 2.0**-margin, dtype=torch.float32)  # exact
     ok = torch.isfinite(amax) & (amax > 0)
-    new = torch.where(ok, scaled_max / amax, scale)
-    return h, torch.where(torch.isinf(new), torch.tensor(FLT_MAX), new)
+    return h, _inf_to(torch.where(ok, _scaled_max(fp8_max, margin) / amax, scale))
 
 
 def _unfused_update(h, scale, algo, fp8_max, margin):
@@ -276,7 +288,7 @@ def _unfused_update(h, scale, algo, fp8_max, margin):
     sf = (torch.reciprocal(amax) * fp8_max) / (2**margin)
     sf = torch.where(amax > 0.0, sf, scale)
     sf = torch.where(torch.isfinite(amax), sf, scale)
-    return h, torch.where(torch.isinf(sf), torch.full_like(sf, FLT_MAX), sf)
+    return h, _inf_to(sf)
 
 
 class DelayedScaling:
@@ -322,13 +334,10 @@ class DelayedScaling:
 
     def quantize(self, x: torch.Tensor) -> FP8Tensor:
         """Cast x with the current scale, then record its amax and update the state."""
-        check_float_tensor(x)
-        if x.dtype not in _FP8_INPUTS:
-            raise TypeError(f"x.dtype={x.dtype}; DelayedScaling.quantize takes {[str(d) for d in _FP8_INPUTS]}")
-        xf = x.to(torch.float32)
-        amax = _amax(xf, "tensor")
+        check_quantize_input(x, "DelayedScaling.quantize")
+        amax = _amax(x, "tensor")
         scale = self.scale.clone()
-        codes = _encode_scaled(xf, scale, self.fmt, FP8_GRANULARITIES["tensor"])
+        codes = _encode_scaled(x, scale, self.fmt, FP8_GRANULARITIES["tensor"])
         out = FP8Tensor(codes=codes, scale_inv=1.0 / scale, fmt=self.fmt, granularity="tensor", scale=scale,
                         amax=amax)
         self.update(amax)

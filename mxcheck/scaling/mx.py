@@ -9,7 +9,7 @@ import torch
 from mxcheck.formats import (
     FloatFormat,
     check_bool,
-    check_float_tensor,
+    check_quantize_input,
     check_rounding,
     decode_table,
     encode_bits_float,
@@ -19,6 +19,7 @@ from mxcheck.hadamard import Hadamard, apply_hadamard, get_hadamard
 from mxcheck.packing import pack_codes
 from mxcheck.scaling.blocks import (
     block_amax,
+    by_row_chunks,
     check_axis,
     check_tiles,
     pad_last,
@@ -30,8 +31,6 @@ from mxcheck.scaling.rules import E8M0_NAN, check_scale_rule, scale_bytes
 __all__ = ["MX_ELEMENT_FORMATS", "MXTensor", "e8m0_reciprocal", "e8m0_value", "mx_quantize"]
 
 MX_ELEMENT_FORMATS = ("e2m1", "e2m3", "e3m2", "e4m3", "e5m2", "e4m3fnuz", "e5m2fnuz")
-# The scale rules are defined on float32 bits; float64 amax would first round to float32.
-_MX_INPUTS = (torch.float32, torch.bfloat16, torch.float16)
 
 
 @dataclass(frozen=True)
@@ -69,11 +68,16 @@ class MXTensor:
         if fused is not None:
             out = fused if padded else fused[..., : self.shape[self.axis]]
             return out.movedim(-1, self.axis)
-        values = decode_table(self.fmt, codes.device).to(dtype)[codes.to(torch.int32)]
-        # element * 2**(s - 127) in float32 is exact: every product is a float32 (subnormal
-        # ones included: elements carry <= 4 significant bits), or overflows to Inf either way.
-        scale = e8m0_value(scales).to(dtype).unsqueeze(-1)
-        values.unflatten(-1, (-1, self.block_size)).mul_(scale)  # in place: one less full-size pass
+        table = decode_table(self.fmt, codes.device).to(dtype)
+
+        def chunk(c: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+            values = table[c.to(torch.int32)]
+            # element * 2**(s - 127) in float32 is exact: every product is a float32 (subnormal
+            # ones included: elements carry <= 4 significant bits), or overflows to Inf either way.
+            values.unflatten(-1, (-1, self.block_size)).mul_(e8m0_value(s).to(dtype).unsqueeze(-1))
+            return values
+
+        values = by_row_chunks(chunk, codes, scales)
         out = values
         if not padded:
             out = out[..., : self.shape[self.axis]]
@@ -107,55 +111,54 @@ def mx_quantize(
     2**e exactly and round each element with ``rounding``, saturating to +-max.
     """
     fmt = _check_element_format(fmt)
-    check_float_tensor(x)
-    if x.dtype not in _MX_INPUTS:
-        raise TypeError(f"x.dtype={x.dtype}; mx_quantize takes {[str(d) for d in _MX_INPUTS]} "
-                        "(scale rules read float32 bits: convert float64 input explicitly)")
+    check_quantize_input(x, "mx_quantize")
     axis = check_axis(x, axis)
     check_scale_rule(scale_rule)
     u = check_rounding(rounding, rand, x)
     _check_block_args(x, block_size, block_2d, zero_scale, pad_to, axis)
     rot = get_hadamard(hadamard)
-
-    xs = x.movedim(axis, -1)  # kept in its dtype: abs and amax are exact there, and cheaper
-    if pad_to is not None:
-        xs = pad_last(xs, pad_to)
-        u = None if u is None else pad_last(u.movedim(axis, -1), pad_to)
-    elif u is not None:
-        u = u.movedim(axis, -1)
-    check_tiles(xs.shape[-1], block_size, f"axis {axis} of x (shape {tuple(x.shape)})")
-    if rot is not None:
-        check_tiles(xs.shape[-1], rot.size, f"axis {axis} of x for the {rot.size}-point Hadamard", False)
-        xs = apply_hadamard(xs, rot, axis=-1)
+    xs, u = _blocked_axis_last(x, u, axis, block_size, pad_to, rot)
     rows = block_size if block_2d else 1
     if block_2d:
         check_tiles(xs.shape[-2], block_size, f"the row axis of x for 2D blocks (shape {tuple(x.shape)})", False)
-
     scales = per_row(scale_bytes(block_amax(xs, rows, block_size), fmt, scale_rule, zero_scale), rows)
+    codes = _encode_blocks(xs, scales, fmt, rounding, u, block_size)
+    return MXTensor(codes=codes.movedim(-1, axis), scales=scales.movedim(-1, axis), fmt=fmt,
+                    block_size=block_size, axis=axis, shape=tuple(x.shape), scale_rule=scale_rule,
+                    rounding=rounding, block_2d=block_2d, hadamard=rot, zero_scale=zero_scale)
+
+
+def _blocked_axis_last(x: torch.Tensor, u: torch.Tensor | None, axis: int, block_size: int,
+                       pad_to: int | None, rot: Hadamard | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """x (and u) with the blocked axis last, zero-padded to ``pad_to`` and rotated. x keeps
+    its dtype unless rotated: abs and amax are exact there, and cheaper."""
+    xs = x.movedim(axis, -1)
+    u = None if u is None else u.movedim(axis, -1)
+    if pad_to is not None:
+        xs = pad_last(xs, pad_to)
+        u = None if u is None else pad_last(u, pad_to)
+    check_tiles(xs.shape[-1], block_size, f"axis {axis} of x (shape {tuple(x.shape)})")
+    if rot is not None:
+        check_tiles(xs.shape[-1], rot.size, f"axis {axis} of x for the {rot.size}-point Hadamard", False)
+        xs = by_row_chunks(lambda t: apply_hadamard(t, rot, axis=-1), xs)
+    return xs, u
+
+
+def _encode_blocks(xs: torch.Tensor, scales: torch.Tensor, fmt: FloatFormat, rounding: str,
+                   u: torch.Tensor | None, block_size: int) -> torch.Tensor:
+    """Element codes of xs (..., C) under its E8M0 bytes (..., C / block_size)."""
     # Dividing by 2**e is a float32 multiply by 2**-e: exact wherever the result can matter
     # (a product that falls into float32 subnormals lies far below the element's smallest
     # subnormal and rounds to zero either way). A NaN scale makes the whole block NaN.
-    inv_scale = e8m0_reciprocal(scales)
-    u_blocked = None if u is None else u.unflatten(-1, (-1, block_size))
-    codes = encode_bits_float(xs.unflatten(-1, (-1, block_size)), fmt, rounding, u_blocked,
-                              scale=inv_scale.unsqueeze(-1), nan_codes=False)
+    inv_scale = e8m0_reciprocal(scales).unsqueeze(-1)
+    blocks = xs.unflatten(-1, (-1, block_size))
+    u = None if u is None else u.unflatten(-1, (-1, block_size))
+    codes = by_row_chunks(lambda b, s, uu: encode_bits_float(b, fmt, rounding, uu, scale=s, nan_codes=False),
+                          blocks, inv_scale, u)
     # Store the format's NaN code (0 where it has none) for a NaN block, whatever the sign
     # of its NaNs, so the bytes are deterministic; they read NaN through the scale anyway.
-    nan_code = torch.tensor(fmt.nan_code if fmt.nan_code is not None else 0, dtype=codes.dtype)
-    codes = torch.where((scales == E8M0_NAN).unsqueeze(-1), nan_code, codes).flatten(-2)
-    return MXTensor(
-        codes=codes.movedim(-1, axis),
-        scales=scales.movedim(-1, axis),
-        fmt=fmt,
-        block_size=block_size,
-        axis=axis,
-        shape=tuple(x.shape),
-        scale_rule=scale_rule,
-        rounding=rounding,
-        block_2d=block_2d,
-        hadamard=rot,
-        zero_scale=zero_scale,
-    )
+    nan_code = fmt.nan_code if fmt.nan_code is not None else 0
+    return codes.masked_fill_((scales == E8M0_NAN).unsqueeze(-1), nan_code).flatten(-2)
 
 
 def e8m0_value(scales: torch.Tensor) -> torch.Tensor:

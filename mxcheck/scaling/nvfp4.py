@@ -32,9 +32,9 @@ from dataclasses import dataclass
 
 import torch
 
-from mxcheck.formats import FORMATS, check_float_tensor, check_rounding, decode_table, encode_bits
+from mxcheck.formats import FORMATS, check_quantize_input, check_rounding, decode_table, encode_bits
 from mxcheck.hadamard import Hadamard, apply_hadamard, get_hadamard
-from mxcheck.scaling.blocks import block_amax, check_tiles, per_element, per_row
+from mxcheck.scaling.blocks import block_amax, by_row_chunks, check_tiles, per_row
 
 __all__ = ["NVFP4_BLOCK", "NVFP4Tensor", "nvfp4_quantize"]
 
@@ -42,7 +42,6 @@ NVFP4_BLOCK = 16
 _E2M1 = FORMATS["e2m1"]
 _UE4M3 = FORMATS["ue4m3"]
 _FLT_MAX = torch.finfo(torch.float32).max
-_INPUTS = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def _f32(v: float) -> torch.Tensor:
@@ -78,10 +77,13 @@ class NVFP4Tensor:
 
     def dequantize(self) -> torch.Tensor:
         """float32 ``e2m1 * ((fp32(s) * amax) * fl32(1/(6*448)))``, as dequantize_nvfp4.cuh."""
-        values = decode_table(_E2M1, self.codes.device).to(torch.float32)[self.codes.to(torch.int64)]
+        table = decode_table(_E2M1, self.codes.device).to(torch.float32)
         s = decode_table(_UE4M3, self.codes.device).to(torch.float32)[self.block_scales.to(torch.int64)]
-        final_scale = (s * self.amax) * _f32(1.0 / _E4M3_X_E2M1_MAX)
-        return values * per_element(final_scale, NVFP4_BLOCK)
+        final_scale = ((s * self.amax) * _f32(1.0 / _E4M3_X_E2M1_MAX)).unsqueeze(-1)
+        codes = self.codes.unflatten(-1, (-1, NVFP4_BLOCK))
+        if codes.ndim == 2:  # a 1D tensor: its blocks are the rows
+            return (table[codes.to(torch.int32)] * final_scale).flatten(-2)
+        return by_row_chunks(lambda c, f: table[c.to(torch.int32)] * f, codes, final_scale).flatten(-2)
 
 
 def _global_encode_scale(amax: torch.Tensor) -> torch.Tensor:
@@ -91,10 +93,7 @@ def _global_encode_scale(amax: torch.Tensor) -> torch.Tensor:
 
 
 def _check_args(x: torch.Tensor, block_2d: bool) -> None:
-    check_float_tensor(x)
-    if x.dtype not in _INPUTS:
-        raise TypeError(f"x.dtype={x.dtype}; nvfp4_quantize takes {[str(d) for d in _INPUTS]} "
-                        "(TE reads at most float32: convert float64 input explicitly)")
+    check_quantize_input(x, "nvfp4_quantize")
     if not isinstance(block_2d, bool):
         raise TypeError(f"block_2d must be a bool, got {type(block_2d).__name__}")
     if x.ndim < (2 if block_2d else 1):
@@ -124,11 +123,11 @@ def nvfp4_quantize(
     _check_args(x, block_2d)
     u = None if rand is None else check_rounding("sr", rand, x)
     rot = get_hadamard(hadamard)
-    xf = x.to(torch.float32)
+    # Blocks are (..., rows, cols): a 1D input is one row. x keeps its dtype (amax is exact
+    # there) unless rotated; the rotation runs in float32 on row chunks.
+    work = x if x.ndim >= 2 else x.unsqueeze(0)
     if rot is not None:
-        xf = apply_hadamard(xf, rot, axis=-1).to(torch.float32)
-    # Blocks are (..., rows, cols): a 1D input is one row.
-    work = xf if xf.ndim >= 2 else xf.unsqueeze(0)
+        work = by_row_chunks(lambda t: apply_hadamard(t.to(torch.float32), rot, axis=-1), work)
 
     # 1. Global amax and the global encode / decode scales.
     amax = block_amax(work.reshape(1, -1), 1, work.numel()).reshape(()) if work.numel() else _f32(0.0)
@@ -141,9 +140,17 @@ def nvfp4_quantize(
     block_scales = encode_bits(s_f32, _UE4M3, "rne", True)
     # 3. Per-block encode scale from the *rounded* block scale, then the elements.
     s_blk = decode_table(_UE4M3, x.device).to(torch.float32)[block_scales.to(torch.int64)]
-    enc = torch.minimum(1.0 / (s_blk * s_dec), _f32(_FLT_MAX))
-    scaled = torch.clamp(work * per_element(enc, NVFP4_BLOCK), -_E2M1.max, _E2M1.max)
-    codes = encode_bits(scaled, _E2M1, "rne" if u is None else "sr", True, None if u is None else u.reshape(scaled.shape))
+    enc = torch.minimum(1.0 / (s_blk * s_dec), _f32(_FLT_MAX)).unsqueeze(-1)
+    rounding = "rne" if u is None else "sr"
+
+    def encode(xc: torch.Tensor, ec: torch.Tensor, uc: torch.Tensor | None) -> torch.Tensor:
+        # x * enc in float32 (a float16 x widened first, as the reference reads it), clamped
+        scaled = torch.clamp(xc.to(torch.float32) * ec, -_E2M1.max, _E2M1.max)
+        return encode_bits(scaled, _E2M1, rounding, True, uc)
+
+    blocks = work.unflatten(-1, (-1, NVFP4_BLOCK))
+    u = None if u is None else u.reshape(work.shape).unflatten(-1, (-1, NVFP4_BLOCK))
+    codes = by_row_chunks(encode, blocks, enc, u).flatten(-2)
     scale_shape = (*x.shape[:-1], x.shape[-1] // NVFP4_BLOCK)
     return NVFP4Tensor(
         codes=codes.reshape(x.shape),
