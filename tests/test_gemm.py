@@ -208,7 +208,10 @@ def test_mx_fits_bf16_only_claims_what_a_bf16_cast_keeps(fmt, gen):
     # from float32's smallest normals to its largest, where the claim has to fall back.
     said_yes = said_no = 0
     for e in (-126, -120, -100, -20, 0, 20, 100, 120, 126):
-        x = torch.randn(32, 64, generator=gen) * 2.0**e
+        # |randn| < 4: at 2**126 a draw of 4 or more overflows float32 to Inf (seed 4060103506
+        # on the H200 seed sweep), whose block byte vetoes the fast path rightly but is not
+        # what this sweep of magnitudes is about.
+        x = torch.randn(32, 64, generator=gen).clamp(-3.99, 3.99) * 2.0**e
         x[0] = 0.0  # an all-zero block gets scale byte 0: it must not veto the fast path
         q = mx_quantize(x, fmt)
         d = q.dequantize()
