@@ -5,14 +5,16 @@
 #   tools/seed_sweep.sh                       # 20 seeds, the whole suite's seeded tests, -n 2
 #   SEEDS=5 tools/seed_sweep.sh tests/conformance -k "sr_ or quantize"
 #   PYTEST="python -m pytest" XDIST="-n 0" tools/seed_sweep.sh tests/test_mx.py
+#   SEED_LIST="4060103506 3305835275" SEEDS=0 tools/seed_sweep.sh   # replay given seeds (then SEEDS new ones)
 set -u
 SEEDS=${SEEDS:-20}
 PYTEST=${PYTEST:-python -m pytest}
 XDIST=${XDIST:--n 2}
 [ $# -eq 0 ] && set -- tests
 failed=()
-for i in $(seq 1 "$SEEDS"); do
-    seed=$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')
+seeds=(${SEED_LIST:-})
+for _ in $(seq 1 "$SEEDS"); do seeds+=("$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')"); done
+for seed in "${seeds[@]}"; do
     start=$(date +%s)
     if $PYTEST -m "emulated and not slow" -q -p no:cacheprovider $XDIST --mxcheck-seeded-only --mxcheck-seed "$seed" "$@" >/tmp/seed_sweep_$seed.log 2>&1; then
         echo "seed $seed: ok ($(( $(date +%s) - start ))s) $(tail -1 /tmp/seed_sweep_$seed.log)"
@@ -22,5 +24,5 @@ for i in $(seq 1 "$SEEDS"); do
         failed+=("$seed")
     fi
 done
-echo "$SEEDS seeds, ${#failed[@]} failed: ${failed[*]:-none}"
+echo "${#seeds[@]} seeds, ${#failed[@]} failed: ${failed[*]:-none}"
 [ ${#failed[@]} -eq 0 ]
