@@ -357,6 +357,37 @@ def encode_bits_int(
     float64 sources, and a per-element scale exponent divided out exactly even where
     x / 2**e would be a float32 subnormal).
     """
+    src = _source_bits(x)
+    exp = src.exp if scale_exp is None else src.exp - scale_exp.to(src.exp.dtype)
+    exp_eff = exp.clamp(min=fmt.emin)
+    shift = exp_eff - exp + (src.mbits - fmt.mbits)
+    # Beyond src_mbits + 2 the quotient is 0 and rem = sig in every mode; capping keeps the
+    # shifts inside the integer width. SR reads the true shift.
+    shift_c = shift.clamp(max=src.mbits + 2)
+    q = src.sig >> shift_c
+    rem = src.sig - (q << shift_c)
+    q = q + ROUNDINGS[rounding](q, rem, shift if rounding == "sr" else shift_c, u).to(q.dtype)
+    # One formula covers normals, subnormals and the carry into the next binade.
+    mag = ((exp_eff + (fmt.bias - 1)) << fmt.mbits) + q
+    mag = torch.where(src.nonzero, mag, 0)
+    return _codes_with_specials(fmt, src, mag, q, saturate or rounding == "trunc", saturate)
+
+
+@dataclass(frozen=True)
+class _SourceBits:
+    """A float32/float64 tensor's fields, subnormals normalised: every non-zero significand
+    ``sig`` has its leading bit at ``mbits``, and x = sig * 2**(exp - mbits)."""
+
+    negative: torch.Tensor
+    sig: torch.Tensor
+    exp: torch.Tensor
+    nonzero: torch.Tensor
+    special: torch.Tensor  # Inf or NaN
+    is_nan: torch.Tensor
+    mbits: int
+
+
+def _source_bits(x: torch.Tensor) -> _SourceBits:
     negative = torch.signbit(x)  # before widening: float16 -> float32 drops a NaN's sign
     if x.dtype not in _SOURCE_LAYOUTS:
         x = x.to(torch.float32)
@@ -373,52 +404,41 @@ def encode_bits_int(
     field = (bits >> src_mbits) & ((1 << src_ebits) - 1)
     mant = bits & ((1 << src_mbits) - 1)
     special = field == (1 << src_ebits) - 1
-    is_nan = special & (mant != 0)
     nonzero = field > 0
-    sig = torch.where(nonzero, mant | (1 << src_mbits), mant)
-    exp = field - src_bias - tiny.to(field.dtype) * renorm
-    if scale_exp is not None:
-        exp = exp - scale_exp.to(exp.dtype)
-    exp_eff = exp.clamp(min=fmt.emin)
-    shift = exp_eff - exp + (src_mbits - fmt.mbits)
-    # Beyond src_mbits + 2 the quotient is 0 and rem = sig in every mode; capping keeps the
-    # shifts inside the integer width. SR reads the true shift.
-    shift_c = shift.clamp(max=src_mbits + 2)
-    q = sig >> shift_c
-    rem = sig - (q << shift_c)
-    q = q + ROUNDINGS[rounding](q, rem, shift if rounding == "sr" else shift_c, u).to(q.dtype)
-    # One formula covers normals, subnormals and the carry into the next binade.
-    mag = ((exp_eff + (fmt.bias - 1)) << fmt.mbits) + q
-    mag = torch.where(nonzero, mag, 0)
-    nan_out = is_nan
-    over = (mag > fmt.max_code) & ~special
-    is_inf = special & ~is_nan
-    for mask, policy in (
-        (over, _overflow_policy(fmt, saturate or rounding == "trunc")),
-        (is_inf, _overflow_policy(fmt, saturate)),
-    ):
+    return _SourceBits(negative=negative, sig=torch.where(nonzero, mant | (1 << src_mbits), mant),
+                       exp=field - src_bias - tiny.to(field.dtype) * renorm, nonzero=nonzero, special=special,
+                       is_nan=special & (mant != 0), mbits=src_mbits)
+
+
+def _codes_with_specials(fmt: FloatFormat, src: _SourceBits, mag: torch.Tensor, q: torch.Tensor,
+                         saturate_overflow: bool, saturate_inf: bool) -> torch.Tensor:
+    """The rounded magnitudes ``mag`` as codes: overflow, Inf and NaN by the format's policy,
+    then the sign (none for fnuz zero; unsigned formats hold no negative value)."""
+    nan_out = src.is_nan
+    over = (mag > fmt.max_code) & ~src.special
+    is_inf = src.special & ~src.is_nan
+    for mask, policy in ((over, _overflow_policy(fmt, saturate_overflow)), (is_inf, _overflow_policy(fmt, saturate_inf))):
         if policy == "nan":
             nan_out = nan_out | mask
         else:
             mag = torch.where(mask, fmt.max_code if policy == "max" else fmt.inf_code, mag)
     if not fmt.has_zero:  # e8m0: a result that rounds to zero has no code
-        nan_out = nan_out | ((q == 0) & ~special)
+        nan_out = nan_out | ((q == 0) & ~src.special)
     if fmt.signed:
-        sign = negative & ~((fmt.nan == "fnuz") & (mag == 0))  # fnuz has no -0
+        sign = src.negative & ~((fmt.nan == "fnuz") & (mag == 0))  # fnuz has no -0
         code = mag | (sign.to(mag.dtype) << (fmt.bits - 1))
     else:
         # An unsigned format holds no negative value; -0 (or a negative that rounds to 0) is 0.
-        nan_out = nan_out | (negative & ((mag != 0) | (not fmt.has_zero)) & ~is_nan)
+        nan_out = nan_out | (src.negative & ((mag != 0) | (not fmt.has_zero)) & ~src.is_nan)
         code = mag
-        sign = torch.zeros_like(negative)
+        sign = torch.zeros_like(src.negative)
     if fmt.nan_code is None:
         nan_full = torch.zeros_like(code)  # only reached through the unchecked core
     elif fmt.nan == "fnuz" or not fmt.signed:
         nan_full = torch.full_like(code, fmt.nan_code)
     else:  # torch and ml_dtypes keep the sign of a NaN
         nan_full = fmt.nan_code | (sign.to(code.dtype) << (fmt.bits - 1))
-    code = torch.where(nan_out, nan_full, code)
-    return code.to(fmt.code_dtype)
+    return torch.where(nan_out, nan_full, code).to(fmt.code_dtype)
 
 
 def _overflow_policy(fmt: FloatFormat, saturate: bool) -> str:

@@ -25,7 +25,7 @@ from mxcheck.flux.config import get_config
 from mxcheck.flux.shapes import LinearShape, flux_linear_shapes
 from mxcheck.functions import make_delayed_states, quant_linear
 from mxcheck.metrics import compare, snr_db
-from mxcheck.recipes import OPERANDS, Recipe, get_recipe
+from mxcheck.recipes import GEMM_DIRECTIONS, OPERANDS, Recipe, get_recipe
 from mxcheck.report import Record, Report
 from mxcheck.report.environment import collect_environment
 from mxcheck.thresholds import linear_floor
@@ -159,6 +159,24 @@ def _bitwise_record(case: SweepCase, recipe: Recipe, backend: str, direction: st
                   total=got.numel(), passed=True, extra={"layers": list(case.layers)})
 
 
+def _case_records(case: SweepCase, recipe: Recipe, be: Any, t: dict[str, torch.Tensor],
+                  truth: dict[str, torch.Tensor], seed: int) -> list[Record]:
+    """One (shape, recipe) on backend ``be``: an SNR record per direction against truth and,
+    for a backend other than the oracle, a bitwise record per GEMM against the reference Function."""
+    layer = case.label
+    hardware = be.name != "emulated"
+    gemm = getattr(be, "gemm", None) if hardware else None
+    linear = be.linear if hardware and gemm is None else None  # a whole-linear backend
+    got = _run_linear(t, recipe, layer, gemm, seed, linear)
+    records = [_snr_record(case, recipe, be.name, direction, got[direction], ref, linear_floor(recipe.name, direction),
+                           layer) for direction, ref in truth.items()]
+    if hardware:
+        ref_out = _run_linear(t, recipe, layer, None, seed)
+        records += [_bitwise_record(case, recipe, be.name, direction, got[direction], ref_out[direction], layer)
+                    for direction in GEMM_DIRECTIONS]
+    return records
+
+
 def run_sweep(model: str = "flux-12b", recipes: Sequence[str] = DEFAULT_RECIPES, backend: str = "emulated",
               *, batch: int = 64, img_tokens: int = 256, txt_tokens: int = 256, tokens: int | None = None,
               device: str | None = None, seed: int = 0,
@@ -198,19 +216,7 @@ def run_sweep(model: str = "flux-12b", recipes: Sequence[str] = DEFAULT_RECIPES,
             except ValueError as e:
                 skipped.append({"test_id": f"{TEST_ID}::{recipe.name}::{layer}", "reason": str(e)})
                 continue
-            hardware = be.name != "emulated"
-            gemm = getattr(be, "gemm", None) if hardware else None
-            linear = be.linear if hardware and gemm is None else None  # a whole-linear backend
-            got = _run_linear(t, recipe, layer, gemm, seed, linear)
-            for direction, ref in truth.items():
-                threshold = linear_floor(recipe.name, direction)
-                records.append(_snr_record(case, recipe, be.name, direction, got[direction], ref,
-                                           threshold, layer))
-            if hardware:
-                ref_out = _run_linear(t, recipe, layer, None, seed)
-                for direction in ("fwd", "dgrad", "wgrad"):
-                    records.append(_bitwise_record(case, recipe, be.name, direction, got[direction],
-                                                   ref_out[direction], layer))
+            records += _case_records(case, recipe, be, t, truth, seed)
     if device == "cuda":
         torch.cuda.synchronize()
     wall = time.perf_counter() - start
