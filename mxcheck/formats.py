@@ -5,6 +5,11 @@ A format is one frozen :class:`FloatFormat`; every derived constant is a propert
 exact for every input, including subnormals of both source and target, and never
 goes through a float ``log2``. ``mxcheck.reference`` holds the slow Python-int
 reference that the tests hold this fast path against.
+
+Over 400 lines on purpose: the format table, the decode table and the two encode paths
+(integer bits, the exact one; float passes, the fast one) read the same field layout, and
+the tests hold the paths against each other code by code; split, each would import the
+other's private helpers.
 """
 
 from __future__ import annotations
