@@ -12,6 +12,7 @@ import torch
 
 import mxcheck
 from mxcheck.conformance import sr_deviation_bound
+from mxcheck.conformance.inputs import grid_midpoints
 from mxcheck.hadamard import Hadamard, apply_hadamard
 from mxcheck.plugin import needs
 from mxcheck.scaling.nvfp4 import nvfp4_quantize
@@ -155,15 +156,39 @@ def torchao_nvfp4(x: torch.Tensor):
     return scales.view(torch.uint8), kernels.unpack_uint4(packed.contiguous())
 
 
+def _near_tie(v: torch.Tensor, fmt: str, rel: float = 2.0**-20) -> torch.Tensor:
+    """|v| (float64) within ``rel`` of a rounding midpoint of fmt: where the two libraries'
+    different float32 operation orders may round the same exact value to neighbours."""
+    a = v.abs().double().unsqueeze(-1)
+    return ((a - grid_midpoints(fmt)).abs() <= rel * a).any(-1)
+
+
+def _agree_off_near_ties(x: torch.Tensor, q, ao_scales: torch.Tensor, ao_codes: torch.Tensor,
+                         blocks: torch.Tensor) -> None:
+    """On ``blocks``: scale bytes equal except where the exact (float64) ideal scale is a
+    near-tie of e4m3, and codes equal, under equal bytes, except at near-ties of e2m1.
+    Exact equality fails about one run in 200 (--mxcheck-seed 3245004825: a block whose
+    ideal scale is 1.56249996, 2.7e-8 under the 0x3C/0x3D midpoint, got 0x3D here, 0x3C
+    in torchao)."""
+    xd = x.double()
+    s_enc = 448.0 * 6.0 / xd.abs().max()
+    ideal = xd.reshape(x.shape[0], -1, 16).abs().amax(-1) / 6.0 * s_enc
+    differ = blocks & (q.block_scales != ao_scales)
+    assert bool(_near_tie(ideal[differ], "e4m3").all()), ideal[differ]
+    same = (blocks & ~differ).repeat_interleave(16, dim=1)
+    scaled = xd * s_enc / mxcheck.decode(q.block_scales, "e4m3").double().repeat_interleave(16, dim=1)
+    check = same & ~_near_tie(scaled, "e2m1")
+    assert torch.equal(q.codes[check], ao_codes[check])
+
+
 def test_matches_torchao_when_every_block_scale_is_an_e4m3_normal(gen):
-    # float32 Gaussian data: an exact e2m1 / e4m3 tie is improbable, so the two libraries'
-    # different float32 operation orders do not show (bf16 data: pinned below).
+    # float32 Gaussian data: the two libraries' float32 operation orders agree except at
+    # values within float32 rounding of an e4m3 / e2m1 midpoint (bf16 data: pinned below).
     x = blocks_at_magnitudes(gen, 128, 256, -3, 0)
     q = nvfp4_quantize(x)
     assert bool((q.block_scales >= 0x08).all())  # precondition: no block scale below 2^-6
     ao_scales, ao_codes = torchao_nvfp4(x)
-    assert torch.equal(q.block_scales, ao_scales)
-    assert torch.equal(q.codes, ao_codes)
+    _agree_off_near_ties(x, q, ao_scales, ao_codes, torch.ones_like(q.block_scales, dtype=torch.bool))
 
 
 def test_torchao_agrees_on_normal_scale_blocks_and_clamps_the_others_to_2_pow_minus_6(gen):
@@ -175,9 +200,7 @@ def test_torchao_agrees_on_normal_scale_blocks_and_clamps_the_others_to_2_pow_mi
     normal = q.block_scales >= 0x08
     small = ~normal
     assert int(small.sum()) > 100 and int(normal.sum()) > 100
-    assert torch.equal(q.block_scales[normal], ao_scales[normal])
-    per_elem = normal.repeat_interleave(16, dim=1)
-    assert torch.equal(q.codes[per_elem], ao_codes[per_elem])
+    _agree_off_near_ties(x, q, ao_scales, ao_codes, normal)
     assert bool((ao_scales[small] == 0x08).all())
     # Every such block then differs in some element code or in the scale byte itself.
     assert bool((q.block_scales[small] != ao_scales[small]).all())

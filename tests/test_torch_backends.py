@@ -487,10 +487,16 @@ def test_torchao_mxfp8_linear_on_bf16_rounds_the_gemm_to_bf16_before_the_bias(ge
     x = torch.randn(64, 256, generator=gen).bfloat16()
     w = (torch.randn(768, 256, generator=gen) / 16).bfloat16()
     b = (torch.randn(768, generator=gen) * 0.1).bfloat16()
+    # torchao's own GEMM (no bias) is the first rounding; its float32 sum may round a value
+    # near a bf16 midpoint differently from the reference's (--mxcheck-seed 4028741826), so
+    # the bias claim is checked on torchao's GEMM, and that GEMM against the reference's
+    # within one bf16 rounding.
     y = TorchaoBackend().linear(x, w, b, "mxfp8").detach()
+    gemm = TorchaoBackend().linear(x, w, None, "mxfp8").detach()
+    assert torch.equal(y.view(torch.int16), (gemm.float() + b.float()).bfloat16().view(torch.int16))
+    ref = quant_linear(x, w, None, "mxfp8").detach().float()
+    assert bool(((gemm.float() - ref).abs() <= 2.0**-7 * torch.maximum(gemm.float().abs(), ref.abs())).all())
     once = quant_linear(x, w, b, "mxfp8").detach()
-    twice = (quant_linear(x, w, None, "mxfp8").detach().float() + b.float()).bfloat16()
-    assert torch.equal(y.view(torch.int16), twice.view(torch.int16))
     assert not torch.equal(y.view(torch.int16), once.view(torch.int16))
 
 
