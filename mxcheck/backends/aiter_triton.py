@@ -31,7 +31,7 @@ import torch
 from mxcheck import hardware
 from mxcheck.backends import import_vendor
 from mxcheck.backends.aiter import AITER_QUANT_SPECS, DISTRIBUTION
-from mxcheck.backends.amd_mx import check_nt_pair, check_spec, mx_tensor
+from mxcheck.backends.amd_mx import check_nt_pair, check_spec, gfx950_missing, mx_tensor
 from mxcheck.packing import pack_fp4, unpack_fp4
 from mxcheck.recipes import OPERANDS, OperandSpec, Recipe, get_recipe
 from mxcheck.scaling.mx import MXTensor
@@ -115,9 +115,9 @@ def nvidia_config(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def _device_missing() -> str | None:
-    hw = hardware.detect()
-    if hw.vendor == "amd" and hw.arch == "gfx950":
+    if gfx950_missing("") is None:
         return None
+    hw = hardware.detect()
     if hw.vendor == "nvidia" and torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0):
         return None
     return f"AITER's Triton MXFP4 kernels need gfx950 or an NVIDIA sm90+ GPU; this machine has {hw.describe()}"
