@@ -44,6 +44,15 @@ def cuda_ms(fn, repeat: int) -> float:
     return statistics.median(times)
 
 
+def profile_table(fn, top: int) -> str:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=top)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda")
@@ -51,6 +60,8 @@ def main() -> None:
     p.add_argument("--rule", default="even")
     p.add_argument("--repeat", type=int, default=10)
     p.add_argument("--json", help="write the results here too")
+    p.add_argument("--profile", type=int, default=0, help="print the N most expensive CUDA ops of one "
+                   "emulated GEMM per shape")
     args = p.parse_args()
     if args.device != "cuda":
         raise SystemExit("bench_gemm times CUDA kernels; run it on a GPU (--device cuda)")
@@ -73,6 +84,8 @@ def main() -> None:
             row["triton_ms"], row["triton_ratio"] = t_tri, t_tri / t_bf16
             row["triton_bit_identical"] = bool(torch.equal(triton_mx_gemm(a, b), emulated_gemm(a, b)))
         rows.append(row)
+        if args.profile:
+            print(profile_table(lambda: emulated_gemm(a, b), args.profile), flush=True)  # noqa: B023
         print(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
     if args.json:
         with open(args.json, "w") as f:

@@ -4,7 +4,12 @@ An operand is quantized along its last dim, the contraction dim (see ``mxcheck.r
 The GEMM dequantizes both operands exactly to float32 and multiplies:
 
 - ``accumulate=torch.float64``: the products and sums in float64, the reference.
-- ``accumulate=torch.float32``: float32 accumulation. On CUDA, when both dequantized
+- ``accumulate=torch.float32``, FP8 tensor- or row-scaled and NVFP4 operands: as FP8 and
+  NVFP4 hardware (cuBLASLt's scale_a * scale_b, TE's NVFP4 alpha), the unscaled values
+  (fp8 values; e2m1 times the ue4m3 block scale) are multiplied exactly, summed in float32,
+  and the sum is multiplied once by ``outer_a * outer_b`` (scale_inv; tensor_scale). On
+  CUDA the values are bf16 and the matmul is bf16 with fp32 accumulation.
+- ``accumulate=torch.float32``, other operands: float32 accumulation. On CUDA, when both dequantized
   operands are exactly representable in bf16 (MX fp4/fp6/fp8 elements times E8M0 scales
   are, unless a scale leaves bf16's range: ``mx_fits_bf16`` reads that from the scale
   bytes; other operands are compared value by value), the fast path casts them to bf16 and runs a
@@ -169,9 +174,8 @@ def _rotation(q: QTensor) -> object:
     return q.hadamard if isinstance(q, (MXTensor, NVFP4Tensor)) else None
 
 
-def _operands(a: QTensor, b: QTensor, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
-    """Both operands dequantized (float32, or bf16 for the fast path) with one K
-    (zero-extended where padded apart)."""
+def _check_operands(a: QTensor, b: QTensor) -> None:
+    """Two 2D quantized operands of one K with the same rotation."""
     for name, q in (("a", a), ("b", b)):
         if not isinstance(q, _QTYPES):
             raise TypeError(f"{name} must be a quantized operand ({', '.join(t.__name__ for t in _QTYPES)}), "
@@ -186,6 +190,12 @@ def _operands(a: QTensor, b: QTensor, dtype: torch.dtype = torch.float32) -> tup
     if _rotation(a) != _rotation(b):
         raise ValueError(f"a and b are rotated differently ({_rotation(a)} vs {_rotation(b)}); "
                          "the Hadamard cancels only when both contraction axes carry the same one")
+
+
+def _operands(a: QTensor, b: QTensor, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both operands dequantized (float32, or bf16 for the fast path) with one K
+    (zero-extended where padded apart)."""
+    _check_operands(a, b)
     da, db = dequantize_operand(a, dtype=dtype), dequantize_operand(b, dtype=dtype)
     if da.device != db.device:
         raise ValueError(f"a is on {da.device} and b on {db.device}; put both on one device")
@@ -193,6 +203,42 @@ def _operands(a: QTensor, b: QTensor, dtype: torch.dtype = torch.float32) -> tup
     k = max(da.shape[1], db.shape[1])
     da, db = (d if d.shape[1] == k else torch.nn.functional.pad(d, (0, k - d.shape[1])) for d in (da, db))
     return da, db
+
+
+def _outer_scaled(q: QTensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(values, outer) with q == values * outer, values exact in bf16 and outer constant
+    along K, or None. FP8 tensor- and row-scaled operands are fp8 values times scale_inv
+    (shape () or (rows, 1)); NVFP4 operands are e2m1 values times their ue4m3 block scale
+    (at most 6 significant bits) times ``tensor_scale``."""
+    if isinstance(q, FP8Tensor) and FP8_GRANULARITIES[q.granularity].cols is None:
+        return q.values(torch.bfloat16 if q.codes.is_cuda else torch.float32), q.scale_inv
+    if isinstance(q, NVFP4Tensor):
+        return q.block_values(), q.tensor_scale
+    return None
+
+
+def _outer_scaled_gemm(a: QTensor, b: QTensor) -> torch.Tensor | None:
+    """float32 ``(A_values @ B_values^T) * (outer_a * outer_b^T)`` when both operands are
+    outer-scaled, else None.
+
+    This is the GEMM FP8 and NVFP4 hardware computes (cuBLASLt's scale_a * scale_b, TE's
+    NVFP4 alpha): products of the values are exact, the sum is float32, and the outer scales
+    multiply the sum once. Dequantizing first would round every value * scale_inv to float32
+    and, on CUDA, force a float32 matmul (the values are bf16, their scaled products are not).
+    """
+    _check_operands(a, b)
+    fa, fb = _outer_scaled(a), _outer_scaled(b)
+    if fa is None or fb is None:
+        return None
+    (va, oa), (vb, ob) = fa, fb
+    if va.device != vb.device:
+        raise ValueError(f"a is on {va.device} and b on {vb.device}; put both on one device")
+    if va.is_cuda:  # the values are bf16 exactly: a bf16 matmul with float32 accumulation
+        with _strict_cuda_matmul():
+            acc = _bf16_matmul(va.to(torch.bfloat16), vb.to(torch.bfloat16), want_bf16=False)
+    else:
+        acc = va @ vb.T
+    return acc.mul_(oa * ob.reshape(1, -1) if ob.ndim else oa * ob)
 
 
 def _check_bias(bias: torch.Tensor | None, n: int, device: torch.device) -> None:
@@ -230,18 +276,26 @@ def mx_fits_bf16(q: MXTensor) -> bool:
     all-zero blocks get byte 0 (``zero_scale``), and mxfp8 tensors have them routinely.
     NaN blocks (byte 255) are NaN in bf16 too.
     """
-    fmt = q.fmt
-    if fmt.mbits > 7:
+    return _all_fit_bf16(q)
+
+
+def _all_fit_bf16(*qs: MXTensor) -> bool:
+    """mx_fits_bf16 of every q, with one device-to-host read for all of them (each read
+    waits for the GPU to drain, and an emulated GEMM checks two operands)."""
+    if any(q.fmt.mbits > 7 for q in qs):
         return False
+    return not bool(torch.stack([_bf16_misfit(q) for q in qs]).any())
+
+
+def _bf16_misfit(q: MXTensor) -> torch.Tensor:
+    """A 0-dim bool tensor, on q's device: some value of q is not a bf16."""
+    fmt = q.fmt
     s = q.scales.to(torch.int32)
     low, high = _bf16_byte_range(fmt)
-    if bool(((s > high) & (s != E8M0_NAN)).any()):
-        return False
-    small = s < low
-    if not bool(small.any()):
-        return True
+    too_large = ((s > high) & (s != E8M0_NAN)).any()
     codes = q.codes.unflatten(-1, (-1, q.block_size))  # scales are per block of the last axis
-    return not bool((codes[small] & fmt.magnitude_mask).any())
+    nonzero_small = ((s < low) & (codes & fmt.magnitude_mask).ne(0).any(-1)).any()
+    return too_large | nonzero_small
 
 
 @functools.cache
@@ -284,10 +338,15 @@ def emulated_gemm(
         raise ValueError(f"accumulate={accumulate}; expected one of {[str(d) for d in ACCUMULATE_DTYPES]}")
     if not isinstance(out_dtype, torch.dtype) or not out_dtype.is_floating_point:
         raise TypeError(f"out_dtype={out_dtype!r}; expected a floating-point torch.dtype")
+    if accumulate == torch.float32:
+        y = _outer_scaled_gemm(a, b)
+        if y is not None:
+            _check_bias(bias, y.shape[1], y.device)
+            return (y if bias is None else y + bias.float()).to(out_dtype)
     # MX operands on CUDA whose values are all bf16 dequantize straight to bf16: the fast
     # path (decided from the scale bytes, before any full-size pass).
     direct_bf16 = (accumulate == torch.float32 and isinstance(a, MXTensor) and isinstance(b, MXTensor)
-                   and a.codes.is_cuda and mx_fits_bf16(a) and mx_fits_bf16(b))
+                   and a.codes.is_cuda and _all_fit_bf16(a, b))
     da, db = _operands(a, b, torch.bfloat16 if direct_bf16 else torch.float32)
     _check_bias(bias, db.shape[0], da.device)
     if direct_bf16:

@@ -76,6 +76,24 @@ def test_emulated_gemm_bf16_fast_path_within_fp32_bound_of_exact(fmt, rule, gen)
     assert ((got - exact).abs() <= 512 * 2.0**-24 * (da @ db.T)).all()
 
 
+@pytest.mark.parametrize(("fmt", "rule"), [("e2m1", "even"), ("e4m3", "rceil")])
+def test_emulated_gemm_reads_the_device_once_to_pick_its_path(fmt, rule, gen):
+    # Each device-to-host read waits for the GPU to drain; the fast-path check of both
+    # operands (e4m3: with all-zero blocks, byte 0) takes one read, not one per condition.
+    from torch.profiler import ProfilerActivity, profile
+
+    from mxcheck.gemm import emulated_gemm
+
+    x, w = torch.randn(256, 512, generator=gen), torch.randn(384, 512, generator=gen)
+    x[:, :64] = 0.0
+    a, b = mxcheck.mx_quantize(x.cuda(), fmt, scale_rule=rule), mxcheck.mx_quantize(w.cuda(), fmt, scale_rule=rule)
+    emulated_gemm(a, b)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        emulated_gemm(a, b)
+    reads = sum(e.count for e in prof.key_averages() if e.key == "aten::_local_scalar_dense")
+    assert reads == 1
+
+
 @pytest.mark.parametrize("fmt", MX_ELEMENT_FORMATS)
 def test_triton_bf16_dequantize_equals_float32_path_on_every_byte(fmt, gen):
     """The fused Triton dequantization gives the float32 path's values rounded once to bf16,

@@ -224,3 +224,63 @@ def test_mx_fits_bf16_only_claims_what_a_bf16_cast_keeps(fmt, gen):
     # fp8 ones near float32's smallest normals fall below bf16's subnormals and must not.
     assert said_yes >= 5
     assert (said_no >= 1) if get_format(fmt).bits == 8 else (said_no == 0)
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2", "e4m3fnuz", "e5m2fnuz"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_fp8_values_are_the_witness_decode_of_every_code(fmt, dtype):
+    codes = torch.arange(256, dtype=torch.uint8).reshape(16, 16)
+    q = FP8Tensor(codes, torch.tensor(3.0), get_format(fmt), "tensor", torch.tensor(1 / 3.0), torch.tensor(1.0))
+    got = q.values(dtype).double().numpy()
+    want = witness_codes(codes, fmt)
+    assert np.array_equal(got, want, equal_nan=True)
+    assert np.isnan(want).any()  # the NaN codes are among them
+
+
+def test_nvfp4_block_values_are_e2m1_times_ue4m3_exactly(gen):
+    from mxcheck.scaling import nvfp4_quantize
+
+    x = torch.randn(32, 64, generator=gen) * torch.logspace(-3, 3, 32).unsqueeze(1)
+    for q in (nvfp4_quantize(x), nvfp4_quantize(x, block_2d=True)):
+        want = witness_codes(q.codes, "e2m1") * blockwise(witness_codes(q.block_scales, "ue4m3"), q.codes.shape)
+        got = q.block_values()
+        assert np.array_equal(got.double().numpy(), want)
+        assert torch.equal(got.bfloat16().float(), got)  # exact in bf16: the CUDA path's claim
+
+
+def _one_term_operands(kind: str, gen: torch.Generator):
+    """a (M, K) with one nonzero per row and a dense b: each output is one product, so the
+    float32 sum is exact and only the scaling's roundings remain."""
+    from mxcheck.scaling import fp8_quantize, nvfp4_quantize
+
+    m, n, k = 24, 48, 64
+    x = torch.zeros(m, k)
+    x[torch.arange(m), torch.randint(0, k, (m,), generator=gen)] = torch.randn(m, generator=gen) * 3
+    w = torch.randn(n, k, generator=gen)
+    if kind == "nvfp4":
+        return nvfp4_quantize(x), nvfp4_quantize(w, block_2d=True)
+    return fp8_quantize(x, "e4m3", granularity=kind), fp8_quantize(w, "e4m3", granularity=kind)
+
+
+def _witness_values_and_outer(q) -> tuple[np.ndarray, np.ndarray]:
+    """(unscaled values, outer scale as a column) from the codes, via ml_dtypes."""
+    if isinstance(q, NVFP4Tensor):
+        s = witness_codes(q.block_scales, "ue4m3")
+        return witness_codes(q.codes, "e2m1") * blockwise(s, q.codes.shape), q.tensor_scale.numpy().reshape(-1, 1)
+    return witness_codes(q.codes, q.fmt.name), q.scale_inv.numpy().reshape(-1, 1)
+
+
+@pytest.mark.parametrize("kind", ["tensor", "row", "nvfp4"])
+def test_fp8_and_nvfp4_gemms_scale_the_exact_sum_once_as_the_hardware_does(kind, gen):
+    # cuBLASLt / TE: D = (scale_a * scale_b) * sum(a_k * b_k). With one term per output the
+    # float32 sum is exact, so the result is pinned bit for bit: fl32(product * fl32(sa * sb)).
+    a, b = _one_term_operands(kind, gen)
+    (va, oa), (vb, ob) = _witness_values_and_outer(a), _witness_values_and_outer(b)
+    alpha = (oa.astype(np.float32) * ob.astype(np.float32).T).astype(np.float64)
+    want = ((va @ vb.T) * alpha).astype(np.float32)
+    got = emulated_gemm(a, b, out_dtype=torch.float32).numpy()
+    assert np.array_equal(got, want)
+    # Dequantizing first (every value * scale rounded to float32) lands elsewhere: the
+    # check tells the two orders apart on these operands.
+    first = (dequantize_operand(a).double() @ dequantize_operand(b).double().T).float().numpy()
+    assert not np.array_equal(first, want)

@@ -135,6 +135,16 @@ class FP8Tensor:
         return _blockwise(lambda c, s: table[c.to(torch.int32)] * s, self.codes, self.scale_inv,
                           FP8_GRANULARITIES[self.granularity])
 
+    def values(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The fp8 values, unscaled, in ``dtype`` (exact in float32 and bf16): what an FP8
+        GEMM multiplies before applying ``scale_inv`` to the sum. Torch's own fp8 dtype reads
+        the codes where it has the format (one pass; tests/test_gemm.py checks it against the
+        decode table on every code)."""
+        torch_dtype = self.fmt.torch_dtype
+        if torch_dtype is not None and torch_dtype.itemsize == 1:
+            return self.codes.view(torch_dtype).to(dtype)
+        return decode_table(self.fmt, self.codes.device).to(dtype)[self.codes.to(torch.int32)]
+
 
 def _blockwise(fn, x: torch.Tensor, s: torch.Tensor, g: Granularity) -> torch.Tensor:
     """``fn(x, s)`` with s broadcast over x, computed on row chunks: a tensor scale is one

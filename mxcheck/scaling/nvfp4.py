@@ -75,15 +75,25 @@ class NVFP4Tensor:
     block_2d: bool = False
     hadamard: Hadamard | None = None
 
-    def dequantize(self) -> torch.Tensor:
-        """float32 ``e2m1 * ((fp32(s) * amax) * fl32(1/(6*448)))``, as dequantize_nvfp4.cuh."""
+    def block_values(self) -> torch.Tensor:
+        """float32 ``e2m1 * fp32(s)``, exact (at most 6 significant bits, so exact in bf16
+        too): what an NVFP4 GEMM multiplies before applying the tensor scales (TE's alpha)."""
+        return self._times_block(self._scale_values().unsqueeze(-1))
+
+    def _scale_values(self) -> torch.Tensor:
+        return decode_table(_UE4M3, self.codes.device).to(torch.float32)[self.block_scales.to(torch.int64)]
+
+    def _times_block(self, factor: torch.Tensor) -> torch.Tensor:
+        """float32 e2m1 value * factor (one value per block of 16, shape (..., blocks, 1))."""
         table = decode_table(_E2M1, self.codes.device).to(torch.float32)
-        s = decode_table(_UE4M3, self.codes.device).to(torch.float32)[self.block_scales.to(torch.int64)]
-        final_scale = ((s * self.amax) * _f32(1.0 / _E4M3_X_E2M1_MAX)).unsqueeze(-1)
         codes = self.codes.unflatten(-1, (-1, NVFP4_BLOCK))
         if codes.ndim == 2:  # a 1D tensor: its blocks are the rows
-            return (table[codes.to(torch.int32)] * final_scale).flatten(-2)
-        return by_row_chunks(lambda c, f: table[c.to(torch.int32)] * f, codes, final_scale).flatten(-2)
+            return (table[codes.to(torch.int32)] * factor).flatten(-2)
+        return by_row_chunks(lambda c, f: table[c.to(torch.int32)] * f, codes, factor).flatten(-2)
+
+    def dequantize(self) -> torch.Tensor:
+        """float32 ``e2m1 * ((fp32(s) * amax) * fl32(1/(6*448)))``, as dequantize_nvfp4.cuh."""
+        return self._times_block(((self._scale_values() * self.amax) * _f32(1.0 / _E4M3_X_E2M1_MAX)).unsqueeze(-1))
 
 
 def _global_encode_scale(amax: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,143 @@
+"""An emulated training step per recipe against the same step in plain bf16, same process.
+
+    python benchmarks/bench_training_step.py --device cuda [--recipes mxfp4 mxfp8 fp8]
+        [--backend emulated] [--profile 25] [--json out.json]
+
+The step is the convergence tests' step (``mxcheck.training``): Flux flux-535m (1 double +
+1 single block, hidden 3072), 4 samples of 1024 image + 256 text tokens (4 x 1280 tokens),
+bf16 compute, forward, backward, then AdamW on an FP32 master copy and the copy back. The
+baseline is the same model with nn.Linear (no recipe). Figures are medians of ``--steps``
+steps after ``--warmup`` steps; the ratio is recipe ms / bf16 ms (issue 15 goal: <= 1.5x).
+``--profile N`` prints torch.profiler's N most expensive ops (self device time on CUDA,
+self CPU time on a CPU) of one step per recipe: where the step's extra time goes.
+``--compile-quantizers`` is an experiment, not a supported mode: it wraps the quantizers
+the emulated GEMMs call in ``torch.compile`` (one graph per shape) to measure what fusing
+their elementwise passes would give, and reports whether the first step's loss and every
+gradient are bit-identical to the eager step's. Not a test: numbers go to
+benchmarks/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from mxcheck.training import MasterWeights, TrainConfig, _dataset, flow_matching_loss, make_model
+
+GOAL = 1.5
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def make_step(cfg: TrainConfig, recipe: str | None, backend: str):
+    """One training step on its own model, data and generators (the model is built here)."""
+    model = make_model(cfg, recipe, backend)
+    master = MasterWeights(model, lambda ps: torch.optim.AdamW(ps, lr=cfg.lr, betas=cfg.betas))
+    data = _dataset(cfg)
+    gen = torch.Generator().manual_seed(cfg.seed + 2)
+
+    def step() -> None:
+        flow_matching_loss(model, data, gen).backward()
+        master.step()
+
+    return step
+
+
+def first_grads(cfg: TrainConfig, recipe: str, backend: str) -> list[torch.Tensor]:
+    """The loss and every gradient of a fresh model's first step (fixed seeds)."""
+    model = make_model(cfg, recipe, backend)
+    torch.manual_seed(cfg.seed + 3)  # stochastic-rounding recipes draw from the default stream
+    loss = flow_matching_loss(model, _dataset(cfg), torch.Generator().manual_seed(cfg.seed + 2))
+    loss.backward()
+    return [loss.detach()] + [p.grad for p in model.parameters() if p.grad is not None]
+
+
+def compile_quantizers() -> None:
+    """Swap the quantizers mxcheck.gemm calls for torch.compile'd ones (the experiment)."""
+    import mxcheck.gemm as gemm
+
+    torch._dynamo.config.cache_size_limit = 64  # one graph per operand shape and option set
+    for name in ("mx_quantize", "nvfp4_quantize", "fp8_quantize"):
+        setattr(gemm, name, torch.compile(getattr(gemm, name), dynamic=False))
+
+
+def time_steps(step, steps: int, warmup: int, device: str) -> float:
+    """Median ms of ``steps`` steps after ``warmup`` (each synchronized)."""
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(steps):
+        _sync(device)
+        start = time.perf_counter()
+        step()
+        _sync(device)
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def profile_step(step, device: str, top: int) -> str:
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with profile(activities=activities) as prof:
+        step()
+        _sync(device)
+    key = "self_cuda_time_total" if device == "cuda" else "self_cpu_time_total"
+    return prof.key_averages().table(sort_by=key, row_limit=top)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--model", default="flux-535m")
+    p.add_argument("--samples", type=int, default=4)
+    p.add_argument("--img-tokens", type=int, default=1024)
+    p.add_argument("--txt-tokens", type=int, default=256)
+    p.add_argument("--recipes", nargs="+", default=["mxfp4", "mxfp8", "fp8", "nvfp4"])
+    p.add_argument("--backend", default="emulated")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--profile", type=int, default=0, help="print the N most expensive ops per recipe")
+    p.add_argument("--compile-quantizers", action="store_true", help="the experiment above")
+    p.add_argument("--json", help="write the results here too")
+    args = p.parse_args()
+    cfg = TrainConfig(model=args.model, samples=args.samples, img_tokens=args.img_tokens,
+                      txt_tokens=args.txt_tokens, device=args.device)
+    eager = {}
+    if args.compile_quantizers:
+        eager = {r: first_grads(cfg, r, args.backend) for r in args.recipes}
+        compile_quantizers()
+    rows = []
+    base_ms = None
+    for recipe in [None, *args.recipes]:
+        step = make_step(cfg, recipe, args.backend)
+        ms = time_steps(step, args.steps, args.warmup, args.device)
+        base_ms = ms if recipe is None else base_ms
+        name = recipe or "bf16"
+        row = {"recipe": name, "backend": args.backend if recipe else "nn.Linear", "ms": round(ms, 2),
+               "ratio": round(ms / base_ms, 3), "goal": GOAL if recipe else None}
+        if recipe in eager:
+            same = all(torch.equal(a, b) for a, b in zip(eager.pop(recipe), first_grads(cfg, recipe, args.backend),
+                                                         strict=True))
+            row["compiled_quantizers_bit_identical"] = same
+            print(f"{name}: compiled quantizers give the eager step's loss and gradients bit for bit: {same}")
+        rows.append(row)
+        print(f"{name:12s} {row['backend']:10s} {ms:9.2f} ms  {ms / base_ms:5.2f}x", flush=True)
+        if args.profile:
+            print(profile_step(step, args.device, args.profile), flush=True)
+        del step
+    if args.json:
+        env = {"torch": torch.__version__, "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu"}
+        with open(args.json, "w") as f:
+            json.dump({"config": vars(args), "environment": env, "results": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
