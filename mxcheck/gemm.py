@@ -280,22 +280,30 @@ def mx_fits_bf16(q: MXTensor) -> bool:
 
 
 def _all_fit_bf16(*qs: MXTensor) -> bool:
-    """mx_fits_bf16 of every q, with one device-to-host read for all of them (each read
-    waits for the GPU to drain, and an emulated GEMM checks two operands)."""
+    """mx_fits_bf16 of every q, reading the device once from the scale bytes of all of them
+    (each read waits for the GPU to drain; an emulated GEMM checks two operands), and once
+    more, over the codes, only where a block's byte is below bf16's range."""
     if any(q.fmt.mbits > 7 for q in qs):
         return False
-    return not bool(torch.stack([_bf16_misfit(q) for q in qs]).any())
+    flags = torch.stack([f for q in qs for f in _byte_flags(q)]).tolist()
+    if any(flags[0::2]):
+        return False
+    small = [q for q, has_small in zip(qs, flags[1::2], strict=True) if has_small]
+    return not small or not bool(torch.stack([_nonzero_in_small_blocks(q) for q in small]).any())
 
 
-def _bf16_misfit(q: MXTensor) -> torch.Tensor:
-    """A 0-dim bool tensor, on q's device: some value of q is not a bf16."""
-    fmt = q.fmt
-    s = q.scales.to(torch.int32)
-    low, high = _bf16_byte_range(fmt)
-    too_large = ((s > high) & (s != E8M0_NAN)).any()
+def _byte_flags(q: MXTensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(some byte above bf16's range, some byte below it): 0-dim bools on q's device."""
+    s = q.scales.to(torch.int32)  # the range's ends can lie outside 0..255
+    low, high = _bf16_byte_range(q.fmt)
+    return ((s > high) & (s != E8M0_NAN)).any(), (s < low).any()
+
+
+def _nonzero_in_small_blocks(q: MXTensor) -> torch.Tensor:
+    """Whether a block whose byte is below bf16's range holds a nonzero code (0-dim bool)."""
+    small = q.scales.to(torch.int32) < _bf16_byte_range(q.fmt)[0]
     codes = q.codes.unflatten(-1, (-1, q.block_size))  # scales are per block of the last axis
-    nonzero_small = ((s < low) & (codes & fmt.magnitude_mask).ne(0).any(-1)).any()
-    return too_large | nonzero_small
+    return (small.unsqueeze(-1) & (codes & q.fmt.magnitude_mask).ne(0)).any()
 
 
 @functools.cache

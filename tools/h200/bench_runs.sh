@@ -9,6 +9,7 @@ for b in ${BENCHES:-training quantize memory gemm sweep}; do
     case $b in
         training) cmd="python3 benchmarks/bench_training_step.py --device cuda --recipes mxfp4 mxfp8 fp8 nvfp4 --profile ${PROFILE_TOP:-0}" ;;
         training-triton) cmd="python3 benchmarks/bench_training_step.py --device cuda --recipes mxfp4 --backend triton" ;;
+        training-compiled) cmd="python3 benchmarks/bench_training_step.py --device cuda --recipes mxfp4 fp8 --compile-quantizers" ;;
         quantize) cmd="python3 benchmarks/bench_quantize.py --device cuda --compile --repeat 30" ;;
         memory) cmd="python3 benchmarks/bench_memory.py --device cuda" ;;
         gemm) cmd="python3 benchmarks/bench_gemm.py --device cuda --profile ${PROFILE_TOP:-0}" ;;
