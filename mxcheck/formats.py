@@ -510,8 +510,14 @@ def _decode_table(fmt: FloatFormat) -> torch.Tensor:
 
 
 def decode_table(fmt: str | FloatFormat, device: torch.device | str = "cpu") -> torch.Tensor:
-    """float64 value of every code of fmt, indexed by code."""
-    return _decode_table(get_format(fmt)).to(device)
+    """float64 value of every code of fmt, indexed by code. Read-only: one copy per device is
+    kept, because a host-to-device copy on every call waits for the GPU to drain."""
+    return _decode_table_on(get_format(fmt), torch.device(device))
+
+
+@functools.cache
+def _decode_table_on(fmt: FloatFormat, device: torch.device) -> torch.Tensor:
+    return _decode_table(fmt).to(device)
 
 
 def decode(codes: torch.Tensor, fmt: str | FloatFormat) -> torch.Tensor:
