@@ -7,7 +7,7 @@ The step is the convergence tests' step (``mxcheck.training``): Flux flux-535m (
 1 single block, hidden 3072), 4 samples of 1024 image + 256 text tokens (4 x 1280 tokens),
 bf16 compute, forward, backward, then AdamW on an FP32 master copy and the copy back. The
 baseline is the same model with nn.Linear (no recipe). Figures are medians of ``--steps``
-steps after ``--warmup`` steps; the ratio is recipe ms / bf16 ms (issue 15 goal: <= 1.5x).
+steps after two; the ratio is recipe ms / bf16 ms (issue 15 goal: <= 1.5x).
 ``--profile N`` prints torch.profiler's N most expensive ops (self device time on CUDA,
 self CPU time on a CPU) of one step per recipe: where the step's extra time goes.
 ``--compile-quantizers`` is an experiment, not a supported mode: it wraps the quantizers
@@ -21,19 +21,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 
 import torch
+from bench_quantize import _sync, median_seconds  # this folder is sys.path[0] when run as a script
 
 from mxcheck.training import MasterWeights, TrainConfig, _dataset, flow_matching_loss, make_model
 
 GOAL = 1.5
-
-
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
 
 
 def make_step(cfg: TrainConfig, recipe: str | None, backend: str):
@@ -68,20 +62,6 @@ def compile_quantizers() -> None:
         setattr(gemm, name, torch.compile(getattr(gemm, name), dynamic=False))
 
 
-def time_steps(step, steps: int, warmup: int, device: str) -> float:
-    """Median ms of ``steps`` steps after ``warmup`` (each synchronized)."""
-    for _ in range(warmup):
-        step()
-    times = []
-    for _ in range(steps):
-        _sync(device)
-        start = time.perf_counter()
-        step()
-        _sync(device)
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
-
-
 def profile_step(step, device: str, top: int) -> str:
     from torch.profiler import ProfilerActivity, profile
 
@@ -103,7 +83,6 @@ def main() -> None:
     p.add_argument("--recipes", nargs="+", default=["mxfp4", "mxfp8", "fp8", "nvfp4"])
     p.add_argument("--backend", default="emulated")
     p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--profile", type=int, default=0, help="print the N most expensive ops per recipe")
     p.add_argument("--compile-quantizers", action="store_true", help="the experiment above")
     p.add_argument("--json", help="write the results here too")
@@ -118,7 +97,7 @@ def main() -> None:
     base_ms = None
     for recipe in [None, *args.recipes]:
         step = make_step(cfg, recipe, args.backend)
-        ms = time_steps(step, args.steps, args.warmup, args.device)
+        ms = median_seconds(step, args.device, args.steps) * 1e3
         base_ms = ms if recipe is None else base_ms
         name = recipe or "bf16"
         row = {"recipe": name, "backend": args.backend if recipe else "nn.Linear", "ms": round(ms, 2),
