@@ -90,8 +90,8 @@ def test_records_from_two_workers_merge_into_one_report_identical_to_a_serial_ru
     pytester.makepyfile(NUMERIC)
     serial = pytester.path / "serial.json"
     parallel = pytester.path / "parallel.json"
-    pytester.runpytest_subprocess("--mxcheck-report", str(serial)).assert_outcomes(passed=4, skipped=1)
-    result = pytester.runpytest_subprocess("-n", "2", "--mxcheck-report", str(parallel))
+    pytester.runpytest("--mxcheck-report", str(serial)).assert_outcomes(passed=4, skipped=1)
+    result = pytester.runpytest("-n", "2", "-p", "xdist", "--mxcheck-report", str(parallel))
     result.assert_outcomes(passed=4, skipped=1)
     data = json.loads(parallel.read_text())
     assert sorted(r["layer"] for r in data["records"]) == ["layer1", "layer2", "layer3", "layer4"]
@@ -103,16 +103,16 @@ def test_records_from_two_workers_merge_into_one_report_identical_to_a_serial_ru
 def test_a_baseline_with_higher_snr_fails_the_run(pytester, cpu_only):
     pytester.makepyfile(NUMERIC)
     base = pytester.path / "base.json"
-    pytester.runpytest_subprocess("--mxcheck-report", str(base)).assert_outcomes(passed=4, skipped=1)
-    same = pytester.runpytest_subprocess("--mxcheck-baseline", str(base))
+    pytester.runpytest("--mxcheck-report", str(base)).assert_outcomes(passed=4, skipped=1)
+    same = pytester.runpytest("--mxcheck-baseline", str(base))
     assert same.ret == pytest.ExitCode.OK
     data = json.loads(base.read_text())
     data["records"][2]["snr_db"] += 0.8  # the baseline was better: this run dropped 0.8 dB
     base.write_text(json.dumps(data))
-    worse = pytester.runpytest_subprocess("--mxcheck-baseline", str(base), "--mxcheck-max-drop-db", "0.5")
+    worse = pytester.runpytest("--mxcheck-baseline", str(base), "--mxcheck-max-drop-db", "0.5")
     assert worse.ret == pytest.ExitCode.TESTS_FAILED
     worse.stdout.fnmatch_lines(["*mxcheck*", "*layer3*"])
-    lenient = pytester.runpytest_subprocess("--mxcheck-baseline", str(base), "--mxcheck-max-drop-db", "1.0")
+    lenient = pytester.runpytest("--mxcheck-baseline", str(base), "--mxcheck-max-drop-db", "1.0")
     assert lenient.ret == pytest.ExitCode.OK
 
 
@@ -213,7 +213,7 @@ def test_env(i):
     worker = os.environ["PYTEST_XDIST_WORKER"]
     assert os.environ["CUDA_VISIBLE_DEVICES"] == str(int(worker[2:]) % 2)
 """)
-    result = pytester.runpytest_subprocess("-n", "2")
+    result = pytester.runpytest("-n", "2", "-p", "xdist")
     result.assert_outcomes(passed=4)
 
 
@@ -556,7 +556,7 @@ def test_require_deps_fails_where_a_test_dependency_is_missing(pytester, cpu_onl
     monkeypatch.delenv(REQUIRE_DEPS_ENV, raising=False)  # set when this run itself is strict
     if how == "env":
         monkeypatch.setenv(REQUIRE_DEPS_ENV, "1")
-    result = pytester.runpytest_subprocess(*(["--mxcheck-require-deps"] if how == "option" else []),
+    result = pytester.runpytest(*(["--mxcheck-require-deps"] if how == "option" else []),
                                            "--continue-on-collection-errors")
     result.assert_outcomes(passed=1, failed=2, errors=1)
     result.stdout.fnmatch_lines([
