@@ -289,7 +289,7 @@ def _registry() -> tuple[RandomizedCheck, ...]:
     return (
         RandomizedCheck("mxcheck/conformance/sr.py::check_sr_unbiased", "SR up-share within the bound of frac, "
                         "2048 draws x 1024 elements", "bound", SR_CALLS, SR_CALLS * SR_FALSE_FAILURE, bernstein),
-        RandomizedCheck("tests/conformance/test_sr_stats.py::test_sr_checks_pass_the_oracle_for_100_seeds",
+        RandomizedCheck("tests/conformance/test_sr_stats_slow.py::test_sr_checks_pass_the_oracle_for_100_seeds",
                         "check_sr_unbiased on the oracle, 100 seeds x 3 recipes", "bound", 300,
                         300 * SR_FALSE_FAILURE, bernstein, slow=True),
         RandomizedCheck("tests/test_formats.py::test_sr_mean_is_within_the_bernstein_bound_of_the_exact_value",

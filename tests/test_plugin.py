@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 import warnings
@@ -86,33 +87,19 @@ def test_hardware_markers_run_where_the_hardware_is(pytester, monkeypatch, fake,
     result.assert_outcomes(passed=len(runs), skipped=4 - len(runs))
 
 
-def test_records_from_two_workers_merge_into_one_report_identical_to_a_serial_run(pytester, cpu_only):
-    pytester.makepyfile(NUMERIC)
-    serial = pytester.path / "serial.json"
-    parallel = pytester.path / "parallel.json"
-    pytester.runpytest_subprocess("--mxcheck-report", str(serial)).assert_outcomes(passed=4, skipped=1)
-    result = pytester.runpytest_subprocess("-n", "2", "--mxcheck-report", str(parallel))
-    result.assert_outcomes(passed=4, skipped=1)
-    data = json.loads(parallel.read_text())
-    assert sorted(r["layer"] for r in data["records"]) == ["layer1", "layer2", "layer3", "layer4"]
-    assert {r["recipe"] for r in data["records"]} == {"mxfp4"}
-    assert data["skipped"][0]["reason"].startswith("gfx950: needs an AMD MI355X")
-    assert parallel.read_bytes() == serial.read_bytes()
-
-
 def test_a_baseline_with_higher_snr_fails_the_run(pytester, cpu_only):
     pytester.makepyfile(NUMERIC)
     base = pytester.path / "base.json"
-    pytester.runpytest_subprocess("--mxcheck-report", str(base)).assert_outcomes(passed=4, skipped=1)
-    same = pytester.runpytest_subprocess("--mxcheck-baseline", str(base))
+    pytester.runpytest("--mxcheck-report", str(base)).assert_outcomes(passed=4, skipped=1)
+    same = pytester.runpytest("--mxcheck-baseline", str(base))
     assert same.ret == pytest.ExitCode.OK
     data = json.loads(base.read_text())
     data["records"][2]["snr_db"] += 0.8  # the baseline was better: this run dropped 0.8 dB
     base.write_text(json.dumps(data))
-    worse = pytester.runpytest_subprocess("--mxcheck-baseline", str(base), "--mxcheck-max-drop-db", "0.5")
+    worse = pytester.runpytest("--mxcheck-baseline", str(base), "--mxcheck-max-drop-db", "0.5")
     assert worse.ret == pytest.ExitCode.TESTS_FAILED
     worse.stdout.fnmatch_lines(["*mxcheck*", "*layer3*"])
-    lenient = pytester.runpytest_subprocess("--mxcheck-baseline", str(base), "--mxcheck-max-drop-db", "1.0")
+    lenient = pytester.runpytest("--mxcheck-baseline", str(base), "--mxcheck-max-drop-db", "1.0")
     assert lenient.ret == pytest.ExitCode.OK
 
 
@@ -203,20 +190,6 @@ def test_pin_worker_gives_each_xdist_worker_one_gpu():
     assert hardware.pin_worker("gw3", hardware.Hardware("nvidia", "sm90", "fake", 1), {}) == {}
 
 
-def test_xdist_workers_see_their_pinned_device(pytester, monkeypatch):
-    monkeypatch.setenv(hardware.FAKE_HARDWARE_ENV, "sm90:2")
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    pytester.makepyfile("""
-import os, pytest
-@pytest.mark.parametrize("i", range(4))
-def test_env(i):
-    worker = os.environ["PYTEST_XDIST_WORKER"]
-    assert os.environ["CUDA_VISIBLE_DEVICES"] == str(int(worker[2:]) % 2)
-""")
-    result = pytester.runpytest_subprocess("-n", "2")
-    result.assert_outcomes(passed=4)
-
-
 def test_fake_hardware_spec_is_validated(monkeypatch):
     monkeypatch.setenv(hardware.FAKE_HARDWARE_ENV, "h200")
     with pytest.raises(ValueError, match="MXCHECK_FAKE_HARDWARE='h200'; expected cpu, smNN or gfxNNN"):
@@ -249,18 +222,21 @@ def test_passes():
     assert "gemm outside the fp32-accumulation bound" in records[0]["message"]
 
 
-@pytest.mark.parametrize("workers", [[], ["-n", "2", "-p", "xdist"]], ids=["serial", "xdist"])
-def test_a_failed_parametrized_test_is_filed_under_its_backend_and_recipe(pytester, cpu_only, workers):
-    # Under xdist the controller collects nothing: the params must travel on the report.
-    pytester.makepyfile("""
+FAILED_PARAMETRIZED = """
 import pytest
 
 @pytest.mark.parametrize("recipe", ["mxfp4"])
 def test_raises(backend, recipe):
     raise AssertionError("outside the bound")
-""")
+"""
+
+
+def test_a_failed_parametrized_test_is_filed_under_its_backend_and_recipe(pytester, cpu_only):
+    # Under xdist the controller collects nothing: the params must travel on the report
+    # (test_an_xdist_run_reports_what_a_serial_run_reports runs this file under xdist).
+    pytester.makepyfile(FAILED_PARAMETRIZED)
     path = pytester.path / "r.json"
-    pytester.runpytest(*workers, "--mxcheck-report", str(path)).assert_outcomes(failed=1)
+    pytester.runpytest("--mxcheck-report", str(path)).assert_outcomes(failed=1)
     (record,) = json.loads(path.read_text())["records"]
     assert (record["backend"], record["recipe"], record["kind"]) == ("emulated", "mxfp4", "test")
 
@@ -280,13 +256,12 @@ def test_passes():
 """
 
 
-@pytest.mark.parametrize("workers", [[], ["-n", "2", "-p", "xdist"]], ids=["serial", "xdist"])
-def test_a_witness_drift_xfail_is_counted_and_reported(pytester, cpu_only, workers):
+def test_a_witness_drift_xfail_is_counted_and_reported(pytester, cpu_only):
     # tests/_witness.py xfails a test whose witness, newer than its pins, answers otherwise;
     # the run stays green and the drift is counted, named and written to the report.
     pytester.makepyfile(DRIFT)
     path = pytester.path / "r.json"
-    result = pytester.runpytest(*workers, "--mxcheck-report", str(path))
+    result = pytester.runpytest("--mxcheck-report", str(path))
     result.assert_outcomes(passed=1, xfailed=2)
     assert result.ret == pytest.ExitCode.OK
     result.stdout.fnmatch_lines([
@@ -427,17 +402,30 @@ def test_third_party_warnings_are_shown_and_ours_fail(pytester, cpu_only, our_fi
     ])
 
 
-def test_pytest_benchmark_under_xdist_does_not_break_the_run(pytester, cpu_only, our_filters):
-    # pytest-benchmark before 5.3 warns "disabled under xdist" from its configure hook
-    # whenever xdist runs (5.3 only at unconfigure of a worker that ran a benchmark): under a
-    # bare "error" filter that was an INTERNALERROR before any test ran.
-    pytest.importorskip("pytest_benchmark", reason="pytest-benchmark is not installed here (the "
-                        "stock NVIDIA runner image has it): nothing to check")
+PINNED = """
+import os, pytest
+@pytest.mark.parametrize("i", range(4))
+def test_env(i):
+    worker = os.environ["PYTEST_XDIST_WORKER"]
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == str(int(worker[2:]) % 2)
+"""
+
+
+def test_xdist_workers_see_their_pinned_device_and_pytest_benchmark_does_not_break_the_run(
+        pytester, monkeypatch, our_filters):
+    """One xdist run (each worker starts torch) for two things about xdist workers:
+    - each worker of a faked 2-GPU host sees the GPU pin_worker gave it;
+    - pytest-benchmark before 5.3 warns "disabled under xdist" from its configure hook
+      whenever xdist runs (5.3 only at unconfigure of a worker that ran a benchmark): under a
+      bare "error" filter that was an INTERNALERROR before any test ran."""
+    monkeypatch.setenv(hardware.FAKE_HARDWARE_ENV, "sm90:2")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     use_filters(pytester, our_filters)
-    pytester.makepyfile("import pytest\n\n@pytest.mark.parametrize('i', [1, 2])\n"
-                        "def test_runs(i):\n    pass\n")
-    result = pytester.runpytest_subprocess("-n", "2", "-p", "xdist", "-p", "pytest_benchmark")
-    result.assert_outcomes(passed=2)
+    pytester.makepyfile(PINNED)
+    # The stock NVIDIA runner image has pytest-benchmark; without it the pins alone are checked.
+    benchmark = ["-p", "pytest_benchmark"] if importlib.util.find_spec("pytest_benchmark") else []
+    result = pytester.runpytest_subprocess("-n", "2", "-p", "xdist", *benchmark)
+    result.assert_outcomes(passed=4)
     assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
 
 
@@ -530,13 +518,11 @@ def test_runs():
 """
 
 
-@pytest.mark.parametrize("workers", [[], ["-n", "2", "-p", "xdist"]], ids=["serial", "xdist"])
-def test_a_missing_test_dependency_skips_naming_it_and_is_listed(pytester, cpu_only, monkeypatch,
-                                                                  workers):
+def test_a_missing_test_dependency_skips_naming_it_and_is_listed(pytester, cpu_only, monkeypatch):
     monkeypatch.delenv(REQUIRE_DEPS_ENV, raising=False)  # set when this run itself is strict
     pytester.makepyfile(test_module=NEEDS_ABSENT, test_inside=NEEDS_IN_A_TEST)
     path = pytester.path / "r.json"
-    result = pytester.runpytest(*workers, "--mxcheck-report", str(path), "-rs")
+    result = pytester.runpytest("--mxcheck-report", str(path), "-rs")
     result.assert_outcomes(passed=1, failed=1, skipped=2)
     result.stdout.fnmatch_lines([
         "*ModuleNotFoundError: No module named 'mxcheck_absent_helper'",
@@ -550,13 +536,48 @@ def test_a_missing_test_dependency_skips_naming_it_and_is_listed(pytester, cpu_o
         ("test_module.py", "missing package mxcheck_absent_witness")]
 
 
+def test_an_xdist_run_reports_what_a_serial_run_reports(pytester, cpu_only, monkeypatch):
+    """Records from two workers merge into one report byte-identical to a serial run's: SNR
+    records, a failed parametrized test's backend and recipe (the controller collects
+    nothing, so they travel on the test's report), witness drifts, and skips at import and
+    inside a test (a module skipped at import is listed once, not once per worker). One
+    xdist run checks what the tests above check serially: each xdist worker starts torch."""
+    monkeypatch.delenv(REQUIRE_DEPS_ENV, raising=False)  # set when this run itself is strict
+    pytester.makepyfile(test_numeric=NUMERIC, test_failed=FAILED_PARAMETRIZED, test_drift=DRIFT,
+                        test_module=NEEDS_ABSENT, test_inside=NEEDS_IN_A_TEST)
+    serial, parallel = pytester.path / "serial.json", pytester.path / "parallel.json"
+    outcomes = {"passed": 6, "failed": 2, "skipped": 3, "xfailed": 2}
+    pytester.runpytest("--mxcheck-report", str(serial)).assert_outcomes(**outcomes)
+    result = pytester.runpytest("-n", "2", "-p", "xdist", "--mxcheck-report", str(parallel))
+    result.assert_outcomes(**outcomes)
+    assert parallel.read_bytes() == serial.read_bytes()
+    data = json.loads(parallel.read_text())
+    records = {}
+    for r in data["records"]:
+        records.setdefault(r["test_id"].split("::")[0], []).append(r)
+    assert sorted(r["layer"] for r in records["test_numeric.py"]) == ["layer1", "layer2", "layer3", "layer4"]
+    assert {r["recipe"] for r in records["test_numeric.py"]} == {"mxfp4"}
+    (failed,) = records["test_failed.py"]
+    assert (failed["backend"], failed["recipe"], failed["kind"]) == ("emulated", "mxfp4", "test")
+    assert [(s["test_id"], s["reason"].split(" (")[0]) for s in data["skipped"]] == [
+        ("test_inside.py::test_needs_it_inside", "missing package mxcheck_absent_plots"),
+        ("test_module.py", "missing package mxcheck_absent_witness"),
+        ("test_numeric.py::test_needs_gfx950", "gfx950: needs an AMD MI355X")]
+    assert [d["test_id"] for d in data["witness_drifts"]] == ["test_drift.py::test_drifted"]
+    result.stdout.fnmatch_lines([
+        "*6 numeric checks, 2 failed, 3 tests skipped on this hardware, 1 witness drifts",
+        "test_drift.py::test_drifted: witness drift: ml_dtypes 0.8.0 gives 0x00 *",
+        "missing packages (their tests skipped): mxcheck_absent_plots, mxcheck_absent_witness",
+    ])
+
+
 @pytest.mark.parametrize("how", ["option", "env"])
 def test_require_deps_fails_where_a_test_dependency_is_missing(pytester, cpu_only, monkeypatch, how):
     pytester.makepyfile(test_module=NEEDS_ABSENT, test_inside=NEEDS_IN_A_TEST)
     monkeypatch.delenv(REQUIRE_DEPS_ENV, raising=False)  # set when this run itself is strict
     if how == "env":
         monkeypatch.setenv(REQUIRE_DEPS_ENV, "1")
-    result = pytester.runpytest_subprocess(*(["--mxcheck-require-deps"] if how == "option" else []),
+    result = pytester.runpytest(*(["--mxcheck-require-deps"] if how == "option" else []),
                                            "--continue-on-collection-errors")
     result.assert_outcomes(passed=1, failed=2, errors=1)
     result.stdout.fnmatch_lines([

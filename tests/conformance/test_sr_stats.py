@@ -187,13 +187,3 @@ def test_the_bernstein_bound_is_what_it_says():
     tail = sum(math.exp(v) for k, v in enumerate(logpmf) if k >= k_hi or k <= k_lo)
     assert tail <= SR_FALSE_FAILURE / frac.numel()
     assert 0.03 < t < 0.06  # tight enough that an RNE "SR" fails (frac far from 0 and 1 is off by > 0.1)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("recipe", sorted(SR_RECIPES))
-def test_sr_checks_pass_the_oracle_for_100_seeds(recipe):
-    """The SR checks on the oracle over 100 input seeds: with SR_FALSE_FAILURE = 1e-9 per
-    call, 300 calls fail falsely with probability < 3e-7."""
-    for seed in range(100):
-        for check in ("sr_unbiased", "sr_seeded"):
-            assert CHECKS[check](EmulatedBackend(), SR_RECIPES[recipe], torch.Generator().manual_seed(seed)) is None
