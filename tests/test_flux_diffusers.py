@@ -20,9 +20,6 @@ from mxcheck.flux.inputs import make_inputs
 from mxcheck.flux.model import Flux
 from mxcheck.plugin import needs
 
-with needs("diffusers"):
-    from diffusers import FluxTransformer2DModel
-
 pytestmark = pytest.mark.emulated
 
 # 2 double + 2 single blocks, 2 heads of 32; in/out/vec/context widths all differ so a
@@ -53,7 +50,11 @@ def randomize(model: torch.nn.Module, g: torch.Generator) -> None:
                 p.copy_(0.5 * r + (1.0 if ".norm_" in name else 0.0))
 
 
-def diffusers_model(config: FluxConfig, g: torch.Generator) -> FluxTransformer2DModel:
+def diffusers_model(config: FluxConfig, g: torch.Generator) -> torch.nn.Module:
+    # imported on first use, not at collection: diffusers takes ~2.5 s to import, and every
+    # xdist worker collects this module while only one runs each test
+    with needs("diffusers"):
+        from diffusers import FluxTransformer2DModel
     model = FluxTransformer2DModel(**diffusers_config(config)).eval()
     randomize(model, g)
     return model
@@ -68,7 +69,7 @@ def inputs(config: FluxConfig, g: torch.Generator) -> dict[str, torch.Tensor]:
     return x
 
 
-def run_diffusers(model: FluxTransformer2DModel, x: dict[str, torch.Tensor]) -> torch.Tensor:
+def run_diffusers(model: torch.nn.Module, x: dict[str, torch.Tensor]) -> torch.Tensor:
     # diffusers multiplies timestep and guidance by 1000 itself (transformer_flux.py forward),
     # as BFL's timestep_embedding does, so both take t in [0, 1]; ids are 2D (L, 3).
     with torch.no_grad():
