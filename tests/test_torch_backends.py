@@ -493,6 +493,34 @@ def test_torchao_fp8_quantize_is_bit_identical_to_fp8_quantize(gen):
             assert torch.equal(got.scale_inv.view(torch.int32), want.scale_inv.view(torch.int32))
 
 
+def test_torchao_float8_turns_a_nan_or_inf_amax_into_a_nan_or_zero_scale(gen):
+    # Finding (the conformance "inf-nan" quantize input): torchao 0.18's Float8 scaling takes
+    # amax with torch.max, which propagates NaN, and divides fp8_max by it. One NaN anywhere
+    # in a tensorwise-scaled tensor makes every code NaN; a row holding an Inf gets scale 0
+    # (scale_inv Inf) and all its finite values flush to zero. The oracle (TE's rule) keeps
+    # the finite values: NaN does not enter amax, and an Inf amax gives scale 1.
+    b = TorchaoBackend(device="cpu")
+    x = torch.randn(8, 64, generator=gen) * 3
+    x[3, 7] = float("nan")
+    spec = RECIPES["fp8"].x_row
+    got, want = b.quantize(x, spec), fp8_quantize(x, spec.fmt, granularity="tensor", scale_formula=spec.scale_formula)
+    assert torch.isnan(got.scale_inv) and torch.isfinite(want.scale_inv)
+    nan_code = 0x7F  # e4m3fn: S.1111.111
+    assert bool(((got.codes & 0x7F) == nan_code).all())
+    assert int(((want.codes & 0x7F) == nan_code).sum()) == 1
+    x = torch.randn(8, 64, generator=gen) * 3
+    x[2, 5] = float("inf")
+    spec = RECIPES["fp8-rowwise"].x_row
+    got = b.quantize(x, spec)
+    want = fp8_quantize(x, spec.fmt, granularity="row", scale_formula=spec.scale_formula, power_of_2=spec.power_of_2)
+    assert torch.isinf(got.scale_inv[2]).all() and bool((want.scale_inv[2] == 1.0).all())
+    finite = torch.isfinite(x[2])
+    assert bool(((got.codes[2][finite] & 0x7F) == 0).all())  # flushed to (signed) zero
+    assert int(((want.codes[2][finite] & 0x7F) != 0).sum()) > 50
+    others = torch.arange(8) != 2
+    assert torch.equal(got.codes[others], want.codes[others])  # the finite rows agree
+
+
 @pytest.mark.emulated
 @pytest.mark.parametrize(("m", "n", "k", "bad"), [(40, 64, 128, "M=40"), (200, 64, 128, "M=200"),
                                                   (32, 40, 128, "N=40"), (32, 64, 72, "K=72")])
