@@ -496,9 +496,10 @@ def test_torchao_fp8_quantize_is_bit_identical_to_fp8_quantize(gen):
 def test_torchao_float8_turns_a_nan_or_inf_amax_into_a_nan_or_zero_scale(gen):
     # Finding (the conformance "inf-nan" quantize input): torchao 0.18's Float8 scaling takes
     # amax with torch.max, which propagates NaN, and divides fp8_max by it. One NaN anywhere
-    # in a tensorwise-scaled tensor makes every code NaN; a row holding an Inf gets scale 0
-    # (scale_inv Inf) and all its finite values flush to zero. The oracle (TE's rule) keeps
-    # the finite values: NaN does not enter amax, and an Inf amax gives scale 1.
+    # in a tensorwise-scaled tensor makes its scale NaN and every code NaN, where the fp8
+    # recipe's rule (Primus-Turbo's fp8_max / fmax(amax, 1e-12): fmax drops the NaN) gives a
+    # finite scale and one NaN code. A row holding an Inf gets scale 0 (scale_inv Inf) and
+    # its finite values flush to zero, where fp8-rowwise's rule (TE's) uses scale 1.
     b = TorchaoBackend(device="cpu")
     x = torch.randn(8, 64, generator=gen) * 3
     x[3, 7] = float("nan")
