@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import mxcheck.backends
-from mxcheck.assertions import NumericsError, assert_nonzero_grads
+from mxcheck.assertions import NumericsError, assert_nonzero_grads, ulp
 from mxcheck.backends.torch_scaled_mm import TorchScaledMMBackend
 from mxcheck.backends.torchao_backend import TorchaoBackend
 from mxcheck.backends.transformer_engine import TransformerEngineBackend
@@ -411,7 +411,7 @@ def _matches_the_reference(recipe: str, triples: list[tuple[torch.Tensor, torch.
             continue
         g, r = got.double(), want.double()
         k = 128  # the longest contraction here (x: 64x128, w: 96x128, dy: 64x96)
-        bound = torch.maximum(bf16_ulp(g), bf16_ulp(r)) + 2 * 2 * k * 2.0**-24 * sums.double()
+        bound = torch.maximum(ulp(g, torch.bfloat16), ulp(r, torch.bfloat16)) + 2 * 2 * k * 2.0**-24 * sums.double()
         assert bool(((g - r).abs() <= bound).all()), f"torchao {recipe} {what}: beyond the float32 bound"
         assert (g != r).float().mean() < 0.05, f"torchao {recipe} {what}: {(g != r).float().mean():.1%} differ"
 
@@ -424,12 +424,6 @@ def _bits_equal_through(recipe: str, equal: bool, what: str) -> None:
     w.expect("torch", equal, True, f"torchao Float8Linear {recipe} {what} through the CPU _scaled_mm "
                                    "equal to the reference Function")
     w.finish()
-
-
-def bf16_ulp(t: torch.Tensor) -> torch.Tensor:
-    """The bf16 ulp at |t| (float64; the subnormal spacing below bf16's smallest normal)."""
-    e = torch.frexp(t.abs().clamp_min(2.0**-126))[1]
-    return torch.ldexp(torch.ones_like(t), e - 8)
 
 
 @pytest.mark.parametrize("recipe", ["mxfp8", "mxfp4-1x32", "fp8", "fp8-hybrid"])
