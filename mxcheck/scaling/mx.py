@@ -25,7 +25,7 @@ from mxcheck.scaling.blocks import (
     pad_last,
     per_row,
 )
-from mxcheck.scaling.mx_cuda import dequantize_bf16
+from mxcheck.scaling.mx_cuda import dequantize_bf16, quantize_blocks
 from mxcheck.scaling.rules import E8M0_NAN, check_scale_rule, scale_bytes
 
 __all__ = ["MX_ELEMENT_FORMATS", "MXTensor", "e8m0_reciprocal", "e8m0_value", "mx_quantize"]
@@ -118,11 +118,19 @@ def mx_quantize(
     _check_block_args(x, block_size, block_2d, zero_scale, pad_to, axis)
     rot = get_hadamard(hadamard)
     xs, u = _blocked_axis_last(x, u, axis, block_size, pad_to, rot)
-    rows = block_size if block_2d else 1
-    if block_2d:
+    scales = None
+    if block_2d:  # a tile's byte from its amax over block_size rows, then each row's blocks
         check_tiles(xs.shape[-2], block_size, f"the row axis of x for 2D blocks (shape {tuple(x.shape)})", False)
-    scales = per_row(scale_bytes(block_amax(xs, rows, block_size), fmt, scale_rule, zero_scale), rows)
-    codes = _encode_blocks(xs, scales, fmt, rounding, u, block_size)
+        scales = per_row(scale_bytes(block_amax(xs, block_size, block_size), fmt, scale_rule, zero_scale),
+                         block_size)
+    fused = quantize_blocks(xs, fmt, block_size=block_size, scale_rule=scale_rule, zero_scale=zero_scale,
+                            rounding=rounding, u=u, scales=scales)
+    if fused is not None:  # CUDA: one Triton pass, the same bits (tests/test_mx_cuda.py)
+        codes, scales = fused
+    else:
+        if scales is None:
+            scales = scale_bytes(block_amax(xs, 1, block_size), fmt, scale_rule, zero_scale)
+        codes = _encode_blocks(xs, scales, fmt, rounding, u, block_size)
     return MXTensor(codes=codes.movedim(-1, axis), scales=scales.movedim(-1, axis), fmt=fmt,
                     block_size=block_size, axis=axis, shape=tuple(x.shape), scale_rule=scale_rule,
                     rounding=rounding, block_2d=block_2d, hadamard=rot, zero_scale=zero_scale)

@@ -1,33 +1,57 @@
-"""One-pass MX dequantization to bf16 on CUDA with Triton (the emulated GEMM's fast path).
+"""Fused MX kernels for CUDA with Triton: quantize in one pass, dequantize to bf16 in one.
 
-The torch path (``MXTensor.dequantize``) makes several full-size passes (index cast, table
-gather, scale broadcast, multiply); this kernel reads each code and its block's E8M0 byte
-once and writes the bf16 value once. Same arithmetic, so the same bits: the element from
-the format's decode table times ``2**(s - 127)`` built from bits (byte 0: 2**-127, 255:
-NaN) in float32, exact, then one cast to bf16 (exact where ``mx_fits_bf16``). Without
-Triton, or off CUDA, ``dequantize_bf16`` returns None and the caller uses the torch path.
+They are fast paths of the pure-PyTorch oracle in ``mxcheck.scaling.mx``, not a second
+definition: the same integer and power-of-two float32 arithmetic, so the same bits, and
+``tests/test_mx_cuda.py`` compares them with the torch path on every code, tie and scale
+byte. Each returns None where it cannot run (no Triton, not CUDA, a case it does not
+take), and the caller then uses the torch path. ``MXCHECK_FUSED_MX=0`` turns both off
+(an A/B switch for benchmarks and for bisecting). Under ``TRITON_INTERPRET=1`` they run on
+CPU tensors too, in Triton's interpreter, which is how the CPU tests reach them.
+
+- ``dequantize_bf16``: the torch path (``MXTensor.dequantize``) makes several full-size
+  passes (index cast, table gather, scale broadcast, multiply); this kernel reads each code
+  and its block's E8M0 byte once and writes the bf16 value once.
+- ``quantize_blocks``: the torch path makes about twenty full-size passes (amax, the scale
+  rule, the element encode); this kernel reads each element once (and its SR uniform) and
+  writes its code, and each block's scale byte.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
 
-__all__ = ["dequantize_bf16"]
+from mxcheck.formats import FloatFormat
 
-_cache: dict[str, Any] = {}
+__all__ = ["dequantize_bf16", "quantize_blocks"]
+
+_cache: dict[tuple[str, bool], Any] = {}
 _BLOCK = 2048
+# Kernel constants: the scale rules and roundings mxcheck.scaling.rules / formats define.
+_RULES = {"floor": 0, "ceil": 1, "even": 2, "rceil": 3}
+_ROUNDINGS = {"rne": 0, "half_away": 1, "trunc": 2, "sr": 3}
 
 
-def _kernel() -> Any:
-    if "k" in _cache:
-        return _cache["k"]
+def _interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _runs_here(t: torch.Tensor) -> bool:
+    return os.environ.get("MXCHECK_FUSED_MX", "1") != "0" and (t.is_cuda or _interpreted())
+
+
+def _kernels() -> dict[str, Any] | None:
+    # keyed by the interpreter flag: triton.jit picks the interpreter when it decorates
+    key = ("kernels", _interpreted())
+    if key in _cache:
+        return _cache[key]
     try:
         import triton  # noqa: PLC0415  (optional, CUDA only)
         import triton.language as tl  # noqa: PLC0415
     except ImportError:
-        _cache["k"] = None
+        _cache[key] = None
         return None
 
     @triton.jit
@@ -43,24 +67,110 @@ def _kernel() -> Any:
         scale = bits.to(tl.float32, bitcast=True)
         tl.store(out_ptr + offs, (value * scale).to(tl.bfloat16), mask=mask)
 
-    _cache["k"] = mx_dequant_bf16
-    return mx_dequant_bf16
+    @triton.jit
+    def mx_quantize_blocks(x_ptr, u_ptr, scales_ptr, codes_ptr, n_blocks,
+                           MX_BLOCK: tl.constexpr, GROUPS: tl.constexpr, MBITS: tl.constexpr,
+                           EMIN: tl.constexpr, EMAX: tl.constexpr, FMAX: tl.constexpr, BITS: tl.constexpr,
+                           FNUZ: tl.constexpr, NAN_CODE: tl.constexpr, RULE: tl.constexpr,
+                           ROUNDING: tl.constexpr, ZERO_SCALE: tl.constexpr, SCALES_GIVEN: tl.constexpr):
+        blk = tl.program_id(0).to(tl.int64) * GROUPS + tl.arange(0, GROUPS)
+        in_range = blk < n_blocks
+        offs = blk[:, None] * MX_BLOCK + tl.arange(0, MX_BLOCK)[None, :]
+        x = tl.load(x_ptr + offs, mask=in_range[:, None], other=0.0).to(tl.float32)
+        if SCALES_GIVEN:
+            s = tl.load(scales_ptr + blk, mask=in_range, other=0).to(tl.int32)
+        else:
+            # rules.SCALE_RULES on the float32 bits of the block amax, then scale_bytes
+            amax = tl.max(tl.abs(x), axis=1)
+            has_nan = tl.max((x != x).to(tl.int32), axis=1) > 0
+            bits = amax.to(tl.int32, bitcast=True)
+            field = (bits >> 23) & 0xFF
+            if RULE == 0:  # floor
+                e = field - 127 - EMAX
+            elif RULE == 1:  # ceil
+                e = field - 127 + ((bits & 0x7FFFFF) != 0).to(tl.int32) - EMAX
+            elif RULE == 2:  # even
+                e = (((bits + (1 << (22 - MBITS))) >> 23) & 0xFF) - 127 - EMAX
+            else:  # rceil: the float32 quotient, correctly rounded through float64
+                d = (amax.to(tl.float64) / tl.full([GROUPS], FMAX, tl.float64)).to(tl.float32)
+                dbits = d.to(tl.int32, bitcast=True)
+                dfield = (dbits >> 23) & 0xFF
+                normal = dfield > 0
+                up = tl.where(normal, (dbits & 0x7FFFFF) != 0, (dbits & 0x7FFFFF) > (1 << 22))
+                e = tl.where(normal, dfield, 0) - 127 + up.to(tl.int32)
+            e = tl.minimum(tl.maximum(e, -127), 127) + 127
+            e = tl.where(amax == 0, ZERO_SCALE, e)
+            s = tl.where(has_nan, 255, e)
+            tl.store(scales_ptr + blk, s.to(tl.uint8), mask=in_range)
+        # formats.encode_bits_float: x * 2**(127 - s), |.| clamped to max, divided by its
+        # quantum (a power-of-two multiply), rounded to an integer significand r; the code
+        # is ((E - emin) << mbits) + r. Every float32 step is exact but the first multiply.
+        inv_bits = tl.where(s < 254, (254 - s) << 23, tl.where(s == 254, 1 << 22, 0x7FC00000))
+        a = x * inv_bits.to(tl.float32, bitcast=True)[:, None]
+        negative = x.to(tl.int32, bitcast=True) < 0
+        a = tl.minimum(tl.abs(a), FMAX)
+        field = tl.maximum(a.to(tl.int32, bitcast=True) >> 23, EMIN + 127)  # E + 127, a >= 0
+        q = a * ((2 * 127 + MBITS - field) << 23).to(tl.float32, bitcast=True)  # a / 2**(E - mbits)
+        t = q.to(tl.int32)  # q >= 0: truncation is floor
+        if ROUNDING == 0:  # rne
+            frac = q - t.to(tl.float32)
+            r = t + ((frac > 0.5) | ((frac == 0.5) & ((t & 1) == 1))).to(tl.int32)
+        elif ROUNDING == 1:  # half_away
+            r = t + ((q - t.to(tl.float32)) >= 0.5).to(tl.int32)
+        elif ROUNDING == 2:  # trunc
+            r = t
+        else:  # sr: floor(q + u) in float64, exact (formats._round_int_sr)
+            u = tl.load(u_ptr + offs, mask=in_range[:, None], other=0.0)
+            r = (q.to(tl.float64) + u).to(tl.int32)
+        mag = ((field - 127 - EMIN) << MBITS) + r
+        sign = negative.to(tl.int32) << (BITS - 1)
+        if FNUZ:  # no negative zero
+            sign = tl.where(mag != 0, sign, 0)
+        code = tl.where((s == 255)[:, None], NAN_CODE, mag | sign)
+        tl.store(codes_ptr + offs, code.to(tl.uint8), mask=in_range[:, None])
+
+    _cache[key] = {"dequantize": mx_dequant_bf16, "quantize": mx_quantize_blocks}
+    return _cache[key]
 
 
 def dequantize_bf16(codes: torch.Tensor, scales: torch.Tensor, table: torch.Tensor,
                     block_size: int) -> torch.Tensor | None:
     """bf16 ``table[codes] * 2**(scales - 127)`` per ``block_size`` run of the last axis, or
     None when the kernel cannot run here (no Triton, not CUDA)."""
-    if not codes.is_cuda:
-        return None
-    kernel = _kernel()
-    if kernel is None:
+    if not _runs_here(codes) or (kernels := _kernels()) is None:
         return None
     codes, scales = codes.contiguous(), scales.contiguous()
     k = codes.shape[-1]
     out = torch.empty(codes.shape, dtype=torch.bfloat16, device=codes.device)
     n = codes.numel()
     if n:
-        kernel[((n + _BLOCK - 1) // _BLOCK,)](codes, scales, table.to(torch.float32).contiguous(), out, n, k,
-                                              scales.shape[-1], MX_BLOCK=block_size, BLOCK=_BLOCK)
+        kernels["dequantize"][((n + _BLOCK - 1) // _BLOCK,)](
+            codes, scales, table.to(torch.float32).contiguous(), out, n, k, scales.shape[-1],
+            MX_BLOCK=block_size, BLOCK=_BLOCK)
     return out
+
+
+def quantize_blocks(xs: torch.Tensor, fmt: FloatFormat, *, block_size: int, scale_rule: str, zero_scale: int,
+                    rounding: str, u: torch.Tensor | None,
+                    scales: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(codes, scale bytes) of xs (..., C) in MX blocks of ``block_size`` along the last axis,
+    as ``mx_quantize`` computes them, or None where the kernel cannot run. ``scales``
+    (..., C / block_size), when given, are used instead of each block's own amax (2D tiles
+    compute theirs over several rows). ``u``: float64 uniforms shaped like xs, for SR."""
+    if (not _runs_here(xs) or block_size & (block_size - 1) or block_size > _BLOCK or fmt.bits > 8
+            or scale_rule not in _RULES or rounding not in _ROUNDINGS or (kernels := _kernels()) is None):
+        return None
+    xs = xs.contiguous()
+    codes = torch.empty(xs.shape, dtype=torch.uint8, device=xs.device)
+    out_scales = (torch.empty((*xs.shape[:-1], xs.shape[-1] // block_size), dtype=torch.uint8, device=xs.device)
+                  if scales is None else scales.contiguous())
+    n_blocks = xs.numel() // block_size
+    groups = _BLOCK // block_size
+    if n_blocks:
+        nan_code = 0 if fmt.nan_code is None else fmt.nan_code
+        kernels["quantize"][((n_blocks + groups - 1) // groups,)](
+            xs, xs if u is None else u.contiguous(), out_scales, codes, n_blocks,
+            MX_BLOCK=block_size, GROUPS=groups, MBITS=fmt.mbits, EMIN=fmt.emin, EMAX=fmt.emax, FMAX=fmt.max,
+            BITS=fmt.bits, FNUZ=fmt.nan == "fnuz", NAN_CODE=nan_code, RULE=_RULES[scale_rule],
+            ROUNDING=_ROUNDINGS[rounding], ZERO_SCALE=zero_scale, SCALES_GIVEN=scales is not None)
+    return codes, out_scales

@@ -1,0 +1,163 @@
+"""The fused Triton MX quantizer (``mxcheck.scaling.mx_cuda.quantize_blocks``) gives the torch
+path's codes and scale bytes, bit for bit, on every code, tie and scale byte.
+
+On CUDA (``-m cuda``) every format, scale rule and rounding is compared with the CPU torch
+path, for float32, bf16 and fp16 inputs. On a CPU machine with Triton installed, a few cases
+run in Triton's interpreter (``emulated``); without Triton they skip.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import mxcheck
+from mxcheck.formats import get_format
+from mxcheck.scaling import mx_cuda
+from mxcheck.scaling.mx import MX_ELEMENT_FORMATS
+from tests.test_encode_paths import hard_points
+from tests.test_mx import inf_blocks, varied_blocks
+
+RULES = ("floor", "ceil", "even", "rceil")
+ROUNDINGS = ("rne", "half_away", "trunc", "sr")
+
+
+def fused_inputs(fmt: str, gen: torch.Generator, *, all_bf16: bool = True) -> torch.Tensor:
+    """(R, 64) float32, R a multiple of 32: each format's values, midpoints and their
+    neighbours in blocks whose amax is ``fmt.max`` times 2**k for k over the whole E8M0
+    range (so every scale byte, 0 and the top ones included, carries ties); every bf16 bit pattern,
+    in order (neighbouring magnitudes share a block) and shuffled (NaN, Inf, zero and
+    subnormal blocks); the scale-rule edge cases of ``varied_blocks``; Inf and NaN blocks."""
+    f = get_format(fmt)
+    points = hard_points(f, gen)
+    points = points[torch.isfinite(points)].clamp(-f.max, f.max)
+    per_row = 63
+    rows = -(-points.numel() // per_row)
+    body = torch.zeros(rows * per_row)
+    body[: points.numel()] = points
+    block = torch.cat([torch.full((rows, 1), f.max), body.reshape(rows, per_row)], dim=1)
+    exps = torch.arange(-140, 128, 4, dtype=torch.float64)
+    # fmt.max * 2**k in float64, then float32: overflow to Inf and subnormals are intended
+    scaled = (block.double()[None] * torch.exp2(exps)[:, None, None]).float().reshape(-1, 64)
+    nan_block = torch.ones(1, 64)
+    nan_block[0, 5] = float("nan")
+    parts = [scaled, varied_blocks(gen), inf_blocks(), nan_block]
+    if all_bf16:
+        patterns = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float()
+        perm = torch.randperm(patterns.numel(), generator=gen)
+        parts += [patterns.reshape(-1, 64), patterns[perm].reshape(-1, 64)]
+    x = torch.cat(parts)
+    pad = -x.shape[0] % 32
+    return torch.cat([x, torch.zeros(pad, 64)]) if pad else x
+
+
+def _quantize(x, fmt, rule, rounding, block_2d, rand):
+    return mxcheck.mx_quantize(x, fmt, scale_rule=rule, rounding=rounding, block_2d=block_2d, rand=rand)
+
+
+def assert_fused_equals_torch_path(x: torch.Tensor, device: str, fmt: str, rule: str, rounding: str,
+                                   block_2d: bool, gen: torch.Generator) -> None:
+    rand = torch.randint(0, 256, x.shape, generator=gen, dtype=torch.uint8) if rounding == "sr" else None
+    want = _quantize(x, fmt, rule, rounding, block_2d, rand)  # CPU: the torch path
+    on = (lambda t: t.to(device)) if rand is not None else None
+    got = _quantize(x.to(device), fmt, rule, rounding, block_2d, on(rand) if on else None)
+    codes, scales = got.codes.cpu(), got.scales.cpu()
+    bad = (codes != want.codes).nonzero()
+    assert not len(bad), (f"{len(bad)} of {codes.numel()} codes differ; first at {bad[0].tolist()}: "
+                          f"x={x[tuple(bad[0])].item()!r} fused {codes[tuple(bad[0])]} torch "
+                          f"{want.codes[tuple(bad[0])]} (byte {want.scales[bad[0][0], bad[0][1] // 32]})")
+    assert torch.equal(scales, want.scales), f"{int((scales != want.scales).sum())} scale bytes differ"
+
+
+def test_fused_inputs_hold_ties_and_every_scale_byte(gen):
+    """The premise of the equivalence tests: their inputs hold RNE ties (codes where RNE and
+    round-half-away differ), byte 0, NaN (255) and the top bytes, per format."""
+    for fmt in MX_ELEMENT_FORMATS:
+        x = fused_inputs(fmt, gen, all_bf16=False)
+        rne, away = (mxcheck.mx_quantize(x, fmt, rounding=r) for r in ("rne", "half_away"))
+        assert int((rne.codes != away.codes).sum()) > 100, fmt
+        assert {0, 255} <= set(rne.scales.unique().tolist()), fmt
+        # float32's top binade (2**127) over the element's emax: the largest finite amax's byte
+        assert int(rne.scales[rne.scales < 255].max()) >= 127 + 127 - get_format(fmt).emax, fmt
+
+
+# ------------------------------------------------------------------ CUDA: every case
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("fmt", MX_ELEMENT_FORMATS)
+def test_fused_quantize_equals_the_torch_path_for_every_scale_rule(fmt, rule, gen):
+    pytest.importorskip("triton")
+    assert_fused_equals_torch_path(fused_inputs(fmt, gen), "cuda", fmt, rule, "rne", False, gen)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("rounding", ROUNDINGS)
+@pytest.mark.parametrize("fmt", MX_ELEMENT_FORMATS)
+def test_fused_quantize_equals_the_torch_path_for_every_rounding(fmt, rounding, gen):
+    pytest.importorskip("triton")
+    assert_fused_equals_torch_path(fused_inputs(fmt, gen), "cuda", fmt, "even", rounding, False, gen)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(("fmt", "rule", "block_2d"), [("e2m1", "even", True), ("e4m3", "rceil", False),
+                                                       ("e2m3", "floor", True), ("e5m2fnuz", "ceil", False)])
+def test_fused_quantize_equals_the_torch_path_for_16_bit_inputs_and_2d_tiles(fmt, rule, block_2d, dtype, gen):
+    pytest.importorskip("triton")
+    x = fused_inputs(fmt, gen).to(dtype)
+    assert_fused_equals_torch_path(x, "cuda", fmt, rule, "rne", block_2d, gen)
+
+
+@pytest.mark.cuda
+def test_fused_quantize_runs_on_cuda_and_can_be_switched_off(gen, monkeypatch):
+    """The fast path is taken (quantize_blocks returns a result) and MXCHECK_FUSED_MX=0 turns
+    it off, so a benchmark's A/B and the tests above compare two different paths."""
+    pytest.importorskip("triton")
+    x = torch.randn(64, 64, generator=gen).cuda()
+    f = get_format("e2m1")
+    args = dict(block_size=32, scale_rule="even", zero_scale=0, rounding="rne", u=None)
+    assert mx_cuda.quantize_blocks(x, f, **args) is not None
+    monkeypatch.setenv("MXCHECK_FUSED_MX", "0")
+    assert mx_cuda.quantize_blocks(x, f, **args) is None
+
+
+# ------------------------------------------------------------------ CPU: Triton's interpreter
+
+@pytest.fixture
+def interpreted():
+    """Triton's interpreter for the fused kernels on CPU tensors. Triton reads
+    TRITON_INTERPRET when it is imported, so the run must start with it set
+    (``TRITON_INTERPRET=1 pytest tests/test_mx_fused.py``); skips otherwise, and without Triton."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("the fused kernels run on CPU only in Triton's interpreter: TRITON_INTERPRET=1 at start")
+    pytest.importorskip("triton")
+    return "cpu"
+
+
+@pytest.mark.emulated
+@pytest.mark.parametrize(("fmt", "rule", "rounding", "block_2d"), [
+    ("e2m1", "even", "rne", False), ("e4m3", "rceil", "rne", False), ("e2m3", "floor", "half_away", True),
+    ("e5m2", "ceil", "sr", False), ("e4m3fnuz", "floor", "trunc", False)])
+def test_fused_quantize_in_the_interpreter_equals_the_torch_path(fmt, rule, rounding, block_2d, interpreted,
+                                                                  monkeypatch, gen):
+    # float32 input only: the interpreter (numpy) widens bf16 subnormals wrongly, which the
+    # GPU does not (the cuda tests above take every bf16 pattern).
+    x = fused_inputs(fmt, gen, all_bf16=False)
+    monkeypatch.setenv("MXCHECK_FUSED_MX", "0")
+    rand = torch.randint(0, 256, x.shape, generator=gen, dtype=torch.uint8) if rounding == "sr" else None
+    want = _quantize(x, fmt, rule, rounding, block_2d, rand)
+    monkeypatch.setenv("MXCHECK_FUSED_MX", "1")
+    f = get_format(fmt)
+    scales = want.scales if block_2d else None
+    u = None if rand is None else rand.double() / 256
+    got = mx_cuda.quantize_blocks(x, f, block_size=32, scale_rule=rule, zero_scale=0, rounding=rounding, u=u,
+                                  scales=scales)
+    assert got is not None
+    codes, got_scales = got
+    # NaN blocks: mx_quantize writes the format's NaN code; so does the kernel
+    assert torch.equal(got_scales, want.scales)
+    bad = (codes != want.codes).nonzero()
+    assert not len(bad), f"{len(bad)} codes differ; first at {bad[0].tolist()}: x={x[tuple(bad[0])].item()!r}"
