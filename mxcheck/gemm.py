@@ -285,18 +285,16 @@ def _all_fit_bf16(*qs: MXTensor) -> bool:
     more, over the codes, only where a block's byte is below bf16's range."""
     if any(q.fmt.mbits > 7 for q in qs):
         return False
-    flags = torch.stack([f for q in qs for f in _byte_flags(q)]).tolist()
-    if any(flags[0::2]):
-        return False
-    small = [q for q, has_small in zip(qs, flags[1::2], strict=True) if has_small]
+    # one histogram of the 256 byte values per operand, one read for all of them
+    counts = torch.stack([torch.bincount(q.scales.flatten(), minlength=256) for q in qs]).tolist()
+    small = []
+    for q, count in zip(qs, counts, strict=True):
+        low, high = _bf16_byte_range(q.fmt)  # the range's ends can lie outside 0..255
+        if any(count[max(high + 1, 0):E8M0_NAN]):
+            return False
+        if any(count[: max(low, 0)]):
+            small.append(q)
     return not small or not bool(torch.stack([_nonzero_in_small_blocks(q) for q in small]).any())
-
-
-def _byte_flags(q: MXTensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(some byte above bf16's range, some byte below it): 0-dim bools on q's device."""
-    s = q.scales.to(torch.int32)  # the range's ends can lie outside 0..255
-    low, high = _bf16_byte_range(q.fmt)
-    return ((s > high) & (s != E8M0_NAN)).any(), (s < low).any()
 
 
 def _nonzero_in_small_blocks(q: MXTensor) -> torch.Tensor:

@@ -97,7 +97,9 @@ def test_emulated_gemm_reads_the_device_once_to_pick_its_path(fmt, rule, reads, 
             emulated_gemm(a, b)
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    got = sum("synchroniz" in str(c.message) for c in caught)
+    # the prototype notice ("...does not yet detect all synchronizing operations") comes once
+    # per process, in whichever test sets the mode first: count only the calls
+    got = sum("called a synchronizing" in str(c.message) for c in caught)
     assert got == reads
 
 

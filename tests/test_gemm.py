@@ -226,6 +226,27 @@ def test_mx_fits_bf16_only_claims_what_a_bf16_cast_keeps(fmt, gen):
     assert (said_no >= 1) if get_format(fmt).bits == 8 else (said_no == 0)
 
 
+@pytest.mark.parametrize("fmt", MX_ELEMENT_FORMATS)
+def test_mx_fits_bf16_at_every_scale_byte_is_what_a_bf16_cast_keeps(fmt):
+    # Every byte 0..255 (255: a NaN block, NaN in bf16 too) under a block of the smallest
+    # and largest magnitudes: the byte-range rule must agree with the bf16 round trip of
+    # the float32 values at both ends of the range, exactly. (A block past float32's range
+    # is Inf in both; the rule refuses it, as it must where the float32 path overflowed.)
+    # An all-zero block (byte 0 from zero_scale) must not veto where the values would fit.
+    f = get_format(fmt)
+
+    def block(codes, byte):
+        return MXTensor(codes[None], torch.tensor([[byte]], dtype=torch.uint8), f, 32, 1, (1, 32), "floor", "rne")
+
+    ends, zeros = torch.tensor([1, f.max_code] * 16, dtype=torch.uint8), torch.zeros(32, dtype=torch.uint8)
+    for byte in range(256):
+        d = block(ends, byte).dequantize()
+        keeps = torch.equal(d.bfloat16().float().nan_to_num(7.0), d.nan_to_num(7.0)) and not d.isinf().any()
+        assert mx_fits_bf16(block(ends, byte)) == keeps, byte
+        if keeps or byte < 127:
+            assert mx_fits_bf16(block(zeros, byte)), byte
+
+
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2", "e4m3fnuz", "e5m2fnuz"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_fp8_values_are_the_witness_decode_of_every_code(fmt, dtype):

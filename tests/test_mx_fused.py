@@ -15,6 +15,7 @@ import torch
 
 import mxcheck
 from mxcheck.formats import get_format
+from mxcheck.hadamard import Hadamard
 from mxcheck.scaling import mx_cuda
 from mxcheck.scaling.mx import MX_ELEMENT_FORMATS
 from tests.test_encode_paths import hard_points
@@ -53,16 +54,15 @@ def fused_inputs(fmt: str, gen: torch.Generator, *, all_bf16: bool = True) -> to
     return torch.cat([x, torch.zeros(pad, 64)]) if pad else x
 
 
-def _quantize(x, fmt, rule, rounding, block_2d, rand):
-    return mxcheck.mx_quantize(x, fmt, scale_rule=rule, rounding=rounding, block_2d=block_2d, rand=rand)
+def _quantize(x, fmt, rule, rounding, block_2d, rand, **kw):
+    return mxcheck.mx_quantize(x, fmt, scale_rule=rule, rounding=rounding, block_2d=block_2d, rand=rand, **kw)
 
 
 def assert_fused_equals_torch_path(x: torch.Tensor, device: str, fmt: str, rule: str, rounding: str,
-                                   block_2d: bool, gen: torch.Generator) -> None:
+                                   block_2d: bool, gen: torch.Generator, **kw) -> None:
     rand = torch.randint(0, 256, x.shape, generator=gen, dtype=torch.uint8) if rounding == "sr" else None
-    want = _quantize(x, fmt, rule, rounding, block_2d, rand)  # CPU: the torch path
-    on = (lambda t: t.to(device)) if rand is not None else None
-    got = _quantize(x.to(device), fmt, rule, rounding, block_2d, on(rand) if on else None)
+    want = _quantize(x, fmt, rule, rounding, block_2d, rand, **kw)  # CPU: the torch path
+    got = _quantize(x.to(device), fmt, rule, rounding, block_2d, None if rand is None else rand.to(device), **kw)
     codes, scales = got.codes.cpu(), got.scales.cpu()
     bad = (codes != want.codes).nonzero()
     assert not len(bad), (f"{len(bad)} of {codes.numel()} codes differ; first at {bad[0].tolist()}: "
@@ -111,6 +111,25 @@ def test_fused_quantize_equals_the_torch_path_for_16_bit_inputs_and_2d_tiles(fmt
     assert_fused_equals_torch_path(x, "cuda", fmt, rule, "rne", block_2d, gen)
 
 
+# The recipes' rotations (mxfp4's h16x2 on the wgrad pair, mxfp6's h32 with its bf16 input
+# rounding and zero byte 127), a 64-point one wider than a block, and one the kernel does not
+# take (signs: the torch path rotates, the kernel encodes).
+ROTATIONS = [("e2m1", "even", "rne", "h16x2", 0), ("e2m1", "even", "sr", "h16x2", 0),
+             ("e2m3", "floor", "half_away", "h32", 127), ("e4m3", "rceil", "rne", Hadamard(64), 0),
+             ("e2m1", "floor", "rne", "h16_te", 0)]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("fmt", "rule", "rounding", "hadamard", "zero_scale"), ROTATIONS, ids=str)
+def test_fused_quantize_with_a_rotation_equals_the_torch_path(fmt, rule, rounding, hadamard, zero_scale, dtype,
+                                                               gen):
+    pytest.importorskip("triton")
+    x = fused_inputs(fmt, gen).to(dtype)
+    assert_fused_equals_torch_path(x, "cuda", fmt, rule, rounding, False, gen, hadamard=hadamard,
+                                   zero_scale=zero_scale)
+
+
 @pytest.mark.cuda
 def test_fused_quantize_runs_on_cuda_and_can_be_switched_off(gen, monkeypatch):
     """The fast path is taken (quantize_blocks returns a result) and MXCHECK_FUSED_MX=0 turns
@@ -135,6 +154,25 @@ def interpreted():
         pytest.skip("the fused kernels run on CPU only in Triton's interpreter: TRITON_INTERPRET=1 at start")
     pytest.importorskip("triton")
     return "cpu"
+
+
+@pytest.mark.emulated
+@pytest.mark.parametrize(("fmt", "rule", "rounding", "hadamard", "zero_scale"), ROTATIONS[:4], ids=str)
+def test_fused_rotation_in_the_interpreter_equals_the_torch_path(fmt, rule, rounding, hadamard, zero_scale,
+                                                                 interpreted, monkeypatch, gen):
+    # bf16 values, no subnormals: the interpreter rounds float32 to bf16 its own way and
+    # flushes bf16 subnormals (h32 rounds its input to bf16); the cuda tests take them all
+    x = fused_inputs(fmt, gen, all_bf16=False).bfloat16().float()
+    x[x.abs() < torch.finfo(torch.float32).tiny] = 0.0
+    monkeypatch.setenv("MXCHECK_FUSED_MX", "0")
+    rand = torch.randint(0, 256, x.shape, generator=gen, dtype=torch.uint8) if rounding == "sr" else None
+    kw = dict(scale_rule=rule, rounding=rounding, rand=rand, hadamard=hadamard, zero_scale=zero_scale)
+    want = mxcheck.mx_quantize(x, fmt, **kw)
+    monkeypatch.setenv("MXCHECK_FUSED_MX", "1")
+    got = mxcheck.mx_quantize(x, fmt, **kw)
+    assert torch.equal(got.scales, want.scales)
+    bad = (got.codes != want.codes).nonzero()
+    assert not len(bad), f"{len(bad)} codes differ; first at {bad[0].tolist()}"
 
 
 @pytest.mark.emulated

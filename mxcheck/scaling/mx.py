@@ -118,19 +118,22 @@ def mx_quantize(
     _check_block_args(x, block_size, block_2d, zero_scale, pad_to, axis)
     rot = get_hadamard(hadamard)
     xs, u = _blocked_axis_last(x, u, axis, block_size, pad_to, rot)
-    scales = None
-    if block_2d:  # a tile's byte from its amax over block_size rows, then each row's blocks
+    if block_2d:
         check_tiles(xs.shape[-2], block_size, f"the row axis of x for 2D blocks (shape {tuple(x.shape)})", False)
-        scales = per_row(scale_bytes(block_amax(xs, block_size, block_size), fmt, scale_rule, zero_scale),
-                         block_size)
-    fused = quantize_blocks(xs, fmt, block_size=block_size, scale_rule=scale_rule, zero_scale=zero_scale,
-                            rounding=rounding, u=u, scales=scales)
-    if fused is not None:  # CUDA: one Triton pass, the same bits (tests/test_mx_cuda.py)
+    # CUDA: 1D blocks take one fused Triton pass, rotation included; 2D tiles (and rotations
+    # it does not take) get their bytes here and the kernel encodes. Same bits as the torch
+    # path, which tests/test_mx_fused.py holds it to; elsewhere it returns None.
+    kw = dict(block_size=block_size, scale_rule=scale_rule, zero_scale=zero_scale, rounding=rounding, u=u)
+    fused = None if block_2d else quantize_blocks(xs, fmt, hadamard=rot, **kw)
+    if fused is not None:
         codes, scales = fused
     else:
-        if scales is None:
-            scales = scale_bytes(block_amax(xs, 1, block_size), fmt, scale_rule, zero_scale)
-        codes = _encode_blocks(xs, scales, fmt, rounding, u, block_size)
+        if rot is not None:
+            xs = by_row_chunks(lambda t: apply_hadamard(t, rot, axis=-1), xs)
+        rows = block_size if block_2d else 1
+        scales = per_row(scale_bytes(block_amax(xs, rows, block_size), fmt, scale_rule, zero_scale), rows)
+        fused = quantize_blocks(xs, fmt, scales=scales, **kw)
+        codes = fused[0] if fused is not None else _encode_blocks(xs, scales, fmt, rounding, u, block_size)
     return MXTensor(codes=codes.movedim(-1, axis), scales=scales.movedim(-1, axis), fmt=fmt,
                     block_size=block_size, axis=axis, shape=tuple(x.shape), scale_rule=scale_rule,
                     rounding=rounding, block_2d=block_2d, hadamard=rot, zero_scale=zero_scale)
@@ -138,8 +141,8 @@ def mx_quantize(
 
 def _blocked_axis_last(x: torch.Tensor, u: torch.Tensor | None, axis: int, block_size: int,
                        pad_to: int | None, rot: Hadamard | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """x (and u) with the blocked axis last, zero-padded to ``pad_to`` and rotated. x keeps
-    its dtype unless rotated: abs and amax are exact there, and cheaper."""
+    """x (and u) with the blocked axis last and zero-padded to ``pad_to``, checked to tile
+    (the caller rotates). x keeps its dtype: abs and amax are exact there, and cheaper."""
     xs = x.movedim(axis, -1)
     u = None if u is None else u.movedim(axis, -1)
     if pad_to is not None:
@@ -148,7 +151,6 @@ def _blocked_axis_last(x: torch.Tensor, u: torch.Tensor | None, axis: int, block
     check_tiles(xs.shape[-1], block_size, f"axis {axis} of x (shape {tuple(x.shape)})")
     if rot is not None:
         check_tiles(xs.shape[-1], rot.size, f"axis {axis} of x for the {rot.size}-point Hadamard", False)
-        xs = by_row_chunks(lambda t: apply_hadamard(t, rot, axis=-1), xs)
     return xs, u
 
 

@@ -2,7 +2,7 @@
 
 They are fast paths of the pure-PyTorch oracle in ``mxcheck.scaling.mx``, not a second
 definition: the same integer and power-of-two float32 arithmetic, so the same bits, and
-``tests/test_mx_cuda.py`` compares them with the torch path on every code, tie and scale
+``tests/test_mx_fused.py`` compares them with the torch path on every code, tie and scale
 byte. Each returns None where it cannot run (no Triton, not CUDA, a case it does not
 take), and the caller then uses the torch path. ``MXCHECK_FUSED_MX=0`` turns both off
 (an A/B switch for benchmarks and for bisecting). Under ``TRITON_INTERPRET=1`` they run on
@@ -11,9 +11,11 @@ CPU tensors too, in Triton's interpreter, which is how the CPU tests reach them.
 - ``dequantize_bf16``: the torch path (``MXTensor.dequantize``) makes several full-size
   passes (index cast, table gather, scale broadcast, multiply); this kernel reads each code
   and its block's E8M0 byte once and writes the bf16 value once.
-- ``quantize_blocks``: the torch path makes about twenty full-size passes (amax, the scale
-  rule, the element encode); this kernel reads each element once (and its SR uniform) and
-  writes its code, and each block's scale byte.
+- ``quantize_blocks``: the torch path makes about twenty full-size passes (Hadamard
+  butterflies, amax, the scale rule, the element encode); this kernel reads each element
+  once (and its SR uniform) and writes its code, and each block's scale byte. The rotation
+  is the same radix-2 butterfly in float32 as ``mxcheck.hadamard`` (the same sums in the
+  same order, then one multiply by the norm), so its values are the same bits.
 """
 
 from __future__ import annotations
@@ -24,11 +26,16 @@ from typing import Any
 import torch
 
 from mxcheck.formats import FloatFormat
+from mxcheck.hadamard import Hadamard
 
 __all__ = ["dequantize_bf16", "quantize_blocks"]
 
 _cache: dict[tuple[str, bool], Any] = {}
 _BLOCK = 2048
+# Elements per program and warps of the quantize kernel (tools/h200/fused_configs.py
+# measured these on an H200; the bits do not depend on them).
+_QUANT_BLOCK = 2048
+_QUANT_WARPS = 4
 # Kernel constants: the scale rules and roundings mxcheck.scaling.rules / formats define.
 _RULES = {"floor": 0, "ceil": 1, "even": 2, "rceil": 3}
 _ROUNDINGS = {"rne": 0, "half_away": 1, "trunc": 2, "sr": 3}
@@ -72,11 +79,22 @@ def _kernels() -> dict[str, Any] | None:
                            MX_BLOCK: tl.constexpr, GROUPS: tl.constexpr, MBITS: tl.constexpr,
                            EMIN: tl.constexpr, EMAX: tl.constexpr, FMAX: tl.constexpr, BITS: tl.constexpr,
                            FNUZ: tl.constexpr, NAN_CODE: tl.constexpr, RULE: tl.constexpr,
-                           ROUNDING: tl.constexpr, ZERO_SCALE: tl.constexpr, SCALES_GIVEN: tl.constexpr):
+                           ROUNDING: tl.constexpr, ZERO_SCALE: tl.constexpr, SCALES_GIVEN: tl.constexpr,
+                           H_SIZE: tl.constexpr, H_LOG2: tl.constexpr, H_NORM: tl.constexpr,
+                           H_INPUT_BF16: tl.constexpr):
         blk = tl.program_id(0).to(tl.int64) * GROUPS + tl.arange(0, GROUPS)
         in_range = blk < n_blocks
         offs = blk[:, None] * MX_BLOCK + tl.arange(0, MX_BLOCK)[None, :]
         x = tl.load(x_ptr + offs, mask=in_range[:, None], other=0.0).to(tl.float32)
+        if H_SIZE > 1:  # hadamard._walsh_hadamard: pairs (i, i + h) of each 2h run -> (a + b, a - b)
+            if H_INPUT_BF16:
+                x = x.to(tl.bfloat16, fp_downcast_rounding="rtne").to(tl.float32)
+            for i in tl.static_range(H_LOG2):
+                y = tl.permute(tl.reshape(x, (GROUPS * MX_BLOCK // (2 << i), 2, 1 << i)), (0, 2, 1))
+                a, b = tl.split(y)
+                y = tl.permute(tl.join(a + b, a - b), (0, 2, 1))
+                x = tl.reshape(y, (GROUPS, MX_BLOCK))
+            x = x * H_NORM
         if SCALES_GIVEN:
             s = tl.load(scales_ptr + blk, mask=in_range, other=0).to(tl.int32)
         else:
@@ -150,27 +168,44 @@ def dequantize_bf16(codes: torch.Tensor, scales: torch.Tensor, table: torch.Tens
     return out
 
 
+def _fused_rotation(hadamard: Hadamard | None) -> tuple[int, float, bool] | None:
+    """(size, norm, round the input to bf16) for a rotation the kernel takes: no signs, no
+    output rounding, input rounding none or bf16 (mxfp4's h16x2, mxfp6's h32). None else."""
+    if hadamard is None:
+        return 1, 1.0, False
+    if (hadamard.signs is not None or hadamard.round_output_to is not None
+            or hadamard.round_input_to not in (None, torch.bfloat16) or hadamard.size > _QUANT_BLOCK):
+        return None
+    return hadamard.size, hadamard.scale, hadamard.round_input_to is not None
+
+
 def quantize_blocks(xs: torch.Tensor, fmt: FloatFormat, *, block_size: int, scale_rule: str, zero_scale: int,
-                    rounding: str, u: torch.Tensor | None,
-                    scales: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
+                    rounding: str, u: torch.Tensor | None, scales: torch.Tensor | None = None,
+                    hadamard: Hadamard | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(codes, scale bytes) of xs (..., C) in MX blocks of ``block_size`` along the last axis,
     as ``mx_quantize`` computes them, or None where the kernel cannot run. ``scales``
     (..., C / block_size), when given, are used instead of each block's own amax (2D tiles
-    compute theirs over several rows). ``u``: float64 uniforms shaped like xs, for SR."""
-    if (not _runs_here(xs) or block_size & (block_size - 1) or block_size > _BLOCK or fmt.bits > 8
-            or scale_rule not in _RULES or rounding not in _ROUNDINGS or (kernels := _kernels()) is None):
+    compute theirs over several rows). ``u``: float64 uniforms shaped like xs, for SR.
+    ``hadamard``: rotate each run of its size along the last axis first (not with scales)."""
+    rotation = _fused_rotation(hadamard)
+    if (not _runs_here(xs) or block_size & (block_size - 1) or block_size > _QUANT_BLOCK or fmt.bits > 8
+            or scale_rule not in _RULES or rounding not in _ROUNDINGS or rotation is None
+            or (hadamard is not None and scales is not None) or (kernels := _kernels()) is None):
         return None
+    h_size, h_norm, h_input_bf16 = rotation
     xs = xs.contiguous()
     codes = torch.empty(xs.shape, dtype=torch.uint8, device=xs.device)
     out_scales = (torch.empty((*xs.shape[:-1], xs.shape[-1] // block_size), dtype=torch.uint8, device=xs.device)
                   if scales is None else scales.contiguous())
     n_blocks = xs.numel() // block_size
-    groups = _BLOCK // block_size
+    groups = max(1, _QUANT_BLOCK // block_size)
     if n_blocks:
         nan_code = 0 if fmt.nan_code is None else fmt.nan_code
         kernels["quantize"][((n_blocks + groups - 1) // groups,)](
             xs, xs if u is None else u.contiguous(), out_scales, codes, n_blocks,
             MX_BLOCK=block_size, GROUPS=groups, MBITS=fmt.mbits, EMIN=fmt.emin, EMAX=fmt.emax, FMAX=fmt.max,
             BITS=fmt.bits, FNUZ=fmt.nan == "fnuz", NAN_CODE=nan_code, RULE=_RULES[scale_rule],
-            ROUNDING=_ROUNDINGS[rounding], ZERO_SCALE=zero_scale, SCALES_GIVEN=scales is not None)
+            ROUNDING=_ROUNDINGS[rounding], ZERO_SCALE=zero_scale, SCALES_GIVEN=scales is not None,
+            H_SIZE=h_size, H_LOG2=h_size.bit_length() - 1, H_NORM=h_norm, H_INPUT_BF16=h_input_bf16,
+            num_warps=_QUANT_WARPS)
     return codes, out_scales

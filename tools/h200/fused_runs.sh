@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# On the H200: the fused MX kernels' cuda tests, then issue 15's benchmarks that they move.
+# Logs and JSON under $OUT. STEPS picks a subset (tests train configs quantize gemm memory).
+set -uo pipefail
+export PYTHONPATH=.:/tmp/site PYTHONUNBUFFERED=1
+if [ ! -d /tmp/site/gfloat ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
+        $(ls .whl/*.whl | grep -v transformer_engine) 2>&1 | tail -2
+fi
+python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . 2>&1 | tail -2
+run() {  # name, timeout, command...
+    local name=$1 limit=$2; shift 2
+    local start=$(date +%s)
+    timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+    echo "== $name: exit $?, $(( $(date +%s) - start )) s"
+}
+for step in ${STEPS:-tests train configs quantize}; do
+    case $step in
+        tests) run cuda_tests 240 python3 -m pytest -m cuda tests/test_mx_fused.py tests/test_device_parity.py \
+                   tests/test_gemm.py -q -p no:cacheprovider -n 8
+               tail -4 "$OUT/cuda_tests.log" ;;
+        train) for f in ${FUSED:-1}; do
+                   MXCHECK_FUSED_MX=$f run train_fused$f 200 python3 benchmarks/bench_training_step.py --device cuda \
+                       --recipes ${RECIPES:-mxfp4 mxfp8 fp8 nvfp4} --profile "${PROFILE_TOP:-0}" --json "$OUT/train_fused$f.json"
+                   grep -E "^(bf16|mx|fp8|nvfp4)" "$OUT/train_fused$f.log"
+               done ;;
+        configs) run fused_configs 200 python3 tools/h200/fused_configs.py; cat "$OUT/fused_configs.log" | grep -v "^/" | head -80 ;;
+        quantize) run quantize 150 python3 benchmarks/bench_quantize.py --device cuda --compile --repeat 30 --json "$OUT/quantize.json"
+                  grep "case=" "$OUT/quantize.log" ;;
+        gemm) run gemm 150 python3 benchmarks/bench_gemm.py --device cuda --json "$OUT/gemm.json"; tail -12 "$OUT/gemm.log" ;;
+        memory) run memory 120 python3 benchmarks/bench_memory.py --device cuda --json "$OUT/memory.json"; tail -12 "$OUT/memory.log" ;;
+    esac
+done
