@@ -42,7 +42,6 @@ from mxcheck.scaling import (
     nvfp4_quantize,
 )
 from mxcheck.scaling.fp8 import FP8_GRANULARITIES
-from mxcheck.scaling.rules import E8M0_NAN
 
 __all__ = [
     "ACCUMULATE_DTYPES",
@@ -285,14 +284,16 @@ def _all_fit_bf16(*qs: MXTensor) -> bool:
     more, over the codes, only where a block's byte is below bf16's range."""
     if any(q.fmt.mbits > 7 for q in qs):
         return False
-    # one histogram of the 256 byte values per operand, one read for all of them
-    counts = torch.stack([torch.bincount(q.scales.flatten(), minlength=256) for q in qs]).tolist()
+    # The smallest byte and the largest but NaN's of each operand, one read for all: uint8
+    # wraps E8M0 NaN (255) + 1 to 0, so the max of byte + 1 skips it. (torch.bincount would
+    # read the device once more itself, for its output size.)
+    ends = torch.stack([t for q in qs for t in (q.scales.amin(), (q.scales + 1).amax())]).tolist()
     small = []
-    for q, count in zip(qs, counts, strict=True):
+    for q, lowest, highest_plus_1 in zip(qs, ends[0::2], ends[1::2], strict=True):
         low, high = _bf16_byte_range(q.fmt)  # the range's ends can lie outside 0..255
-        if any(count[max(high + 1, 0):E8M0_NAN]):
+        if highest_plus_1 - 1 > high:
             return False
-        if any(count[: max(low, 0)]):
+        if lowest < low:
             small.append(q)
     return not small or not bool(torch.stack([_nonzero_in_small_blocks(q) for q in small]).any())
 
