@@ -249,3 +249,35 @@ def test_numerics_precision_records_the_manifest_and_fails_closed():
     assert layers["double_blocks.0.img_mlp.0"]["fwd"][-1] == "mxcheck::gemm e2m1"
     numerics.precision(m, "mxfp4", include=("double_blocks.0.img_mlp.0",))
     assert records[-1].passed
+
+
+def test_announcements_reach_a_profiler_and_are_skipped_when_nothing_listens():
+    # The announcements are dispatched only where something could read them (a dispatch
+    # mode, as trace_precision above; a profiler; a compiler): a plain step skips them.
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from mxcheck.trace_ops import _listened
+
+    model = _model("mxfp8")
+    inputs = make_inputs("flux-tiny", 2, 16, 16, generator=torch.Generator().manual_seed(1), dtype=torch.bfloat16)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        model(**inputs)
+    assert {"mxcheck::quantize", "mxcheck::gemm"} <= {e.key for e in prof.key_averages()}
+
+    class Passthrough(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    x = torch.ones(2)
+    assert not _listened(x)
+    with Passthrough():
+        assert _listened(x)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        assert _listened(x)
+    assert not _listened(torch.nn.Parameter(x))
+
+    class Subclass(torch.Tensor):
+        pass
+
+    assert _listened(x.as_subclass(Subclass))  # a subclass's own dispatch may read them
+    assert not _listened(x)
