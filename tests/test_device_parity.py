@@ -89,6 +89,7 @@ def test_emulated_gemm_reads_the_device_once_to_pick_its_path(fmt, rule, reads, 
     x, w = torch.randn(256, 512, generator=gen), torch.randn(384, 512, generator=gen)
     x[:, :64] = 0.0
     a, b = mxcheck.mx_quantize(x.cuda(), fmt, scale_rule=rule), mxcheck.mx_quantize(w.cuda(), fmt, scale_rule=rule)
+    emulated_gemm(a, b)  # compile the Triton kernels first: steady state is what counts
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("warn")
     try:
@@ -99,8 +100,8 @@ def test_emulated_gemm_reads_the_device_once_to_pick_its_path(fmt, rule, reads, 
         torch.cuda.set_sync_debug_mode("default")
     # the prototype notice ("...does not yet detect all synchronizing operations") comes once
     # per process, in whichever test sets the mode first: count only the calls
-    got = sum("called a synchronizing" in str(c.message) for c in caught)
-    assert got == reads
+    got = [str(c.message) for c in caught if "called a synchronizing" in str(c.message)]
+    assert len(got) == reads, got
 
 
 @pytest.mark.parametrize("fmt", MX_ELEMENT_FORMATS)

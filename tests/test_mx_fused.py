@@ -130,6 +130,34 @@ def test_fused_quantize_with_a_rotation_equals_the_torch_path(fmt, rule, roundin
                                    zero_scale=zero_scale)
 
 
+# Operands the kernel reads in place through their strides: a transposed one (wgrad's and
+# dgrad's column copies), rows of a wider tensor, a column slice; and a 3D one.
+LAYOUTS = {
+    "transposed": lambda x: x.t().contiguous().t(),
+    "row_slice": lambda x: torch.cat([x, x], dim=1)[:, : x.shape[1]],
+    "transposed_slice": lambda x: torch.cat([x, x]).t().contiguous().t()[: x.shape[0]],
+    "3d": lambda x: x.reshape(2, -1, x.shape[1]),
+}
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize(("fmt", "rule", "rounding", "hadamard"), [("e2m1", "even", "sr", "h16x2"),
+                                                                   ("e4m3", "rceil", "rne", None)])
+def test_fused_quantize_reads_strided_operands_in_place(fmt, rule, rounding, hadamard, layout, gen):
+    pytest.importorskip("triton")
+    x = fused_inputs(fmt, gen)
+    rand = torch.randint(0, 256, x.shape, generator=gen, dtype=torch.uint8) if rounding == "sr" else None
+    kw = dict(scale_rule=rule, rounding=rounding, hadamard=hadamard)
+    strided = LAYOUTS[layout](x.cuda())
+    assert torch.equal(strided.cpu(), LAYOUTS[layout](x))  # the premise: same values, other strides
+    want = mxcheck.mx_quantize(LAYOUTS[layout](x).contiguous(), fmt, rand=None if rand is None else
+                               rand.reshape(strided.shape), **kw)
+    got = mxcheck.mx_quantize(strided, fmt, rand=None if rand is None else rand.reshape(strided.shape).cuda(), **kw)
+    assert torch.equal(got.scales.cpu(), want.scales)
+    assert torch.equal(got.codes.cpu(), want.codes)
+
+
 @pytest.mark.cuda
 def test_fused_quantize_runs_on_cuda_and_can_be_switched_off(gen, monkeypatch):
     """The fast path is taken (quantize_blocks returns a result) and MXCHECK_FUSED_MX=0 turns
@@ -199,3 +227,15 @@ def test_fused_quantize_in_the_interpreter_equals_the_torch_path(fmt, rule, roun
     assert torch.equal(got_scales, want.scales)
     bad = (codes != want.codes).nonzero()
     assert not len(bad), f"{len(bad)} codes differ; first at {bad[0].tolist()}: x={x[tuple(bad[0])].item()!r}"
+
+
+@pytest.mark.emulated
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_fused_quantize_in_the_interpreter_reads_strided_operands(layout, interpreted, monkeypatch, gen):
+    x = fused_inputs("e4m3", gen, all_bf16=False)
+    strided = LAYOUTS[layout](x)
+    monkeypatch.setenv("MXCHECK_FUSED_MX", "0")
+    want = mxcheck.mx_quantize(strided.contiguous(), "e4m3", scale_rule="rceil")
+    monkeypatch.setenv("MXCHECK_FUSED_MX", "1")
+    got = mxcheck.mx_quantize(strided, "e4m3", scale_rule="rceil")
+    assert torch.equal(got.scales, want.scales) and torch.equal(got.codes, want.codes)

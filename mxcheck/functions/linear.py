@@ -94,9 +94,11 @@ class OperandQuantizer:
                                  device=device).to(t.device)
         announce_quantize(t, self.layer, operand, spec.fmt, spec.scaling, spec.scale_rule, spec.block_size,
                           spec.rounding)
+        # The fused CUDA MX quantizer reads a transposed copy (w_col, g_col, x_col) in place.
+        operand_in = t if spec.scaling == "mx" and t.is_cuda else t.contiguous()
         try:
             with oracle_scope():
-                return quantize_operand(t.contiguous(), spec, rand=rand, state=state)
+                return quantize_operand(operand_in, spec, rand=rand, state=state)
         except ValueError as e:  # e.g. a token count the block size does not tile (wgrad K = M)
             raise ValueError(f"layer {self.layer}: recipe {self.recipe.name} cannot quantize {operand} "
                              f"(shape {tuple(t.shape)}): {e}") from e

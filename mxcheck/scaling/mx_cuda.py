@@ -75,17 +75,29 @@ def _kernels() -> dict[str, Any] | None:
         tl.store(out_ptr + offs, (value * scale).to(tl.bfloat16), mask=mask)
 
     @triton.jit
-    def mx_quantize_blocks(x_ptr, u_ptr, scales_ptr, codes_ptr, n_blocks,
-                           MX_BLOCK: tl.constexpr, GROUPS: tl.constexpr, MBITS: tl.constexpr,
+    def mx_quantize_blocks(x_ptr, u_ptr, scales_ptr, codes_ptr, n_blocks, rows, stride_row, stride_col,
+                           ROW_FASTEST: tl.constexpr, MX_BLOCK: tl.constexpr, GROUPS: tl.constexpr, MBITS: tl.constexpr,
                            EMIN: tl.constexpr, EMAX: tl.constexpr, FMAX: tl.constexpr, BITS: tl.constexpr,
                            FNUZ: tl.constexpr, NAN_CODE: tl.constexpr, RULE: tl.constexpr,
                            ROUNDING: tl.constexpr, ZERO_SCALE: tl.constexpr, SCALES_GIVEN: tl.constexpr,
                            H_SIZE: tl.constexpr, H_LOG2: tl.constexpr, H_NORM: tl.constexpr,
                            H_INPUT_BF16: tl.constexpr):
+        # Block blk is (row, block column) of the (rows, C) output; codes, scales and u are
+        # contiguous there. x is read through its strides: a transposed operand (stride_row
+        # 1) is read in place, with a program's blocks on consecutive rows so the loads are
+        # coalesced across them (ROW_FASTEST).
         blk = tl.program_id(0).to(tl.int64) * GROUPS + tl.arange(0, GROUPS)
         in_range = blk < n_blocks
-        offs = blk[:, None] * MX_BLOCK + tl.arange(0, MX_BLOCK)[None, :]
-        x = tl.load(x_ptr + offs, mask=in_range[:, None], other=0.0).to(tl.float32)
+        blocks_per_row = n_blocks // rows
+        if ROW_FASTEST:
+            row, col_block = blk % rows, blk // rows
+        else:
+            row, col_block = blk // blocks_per_row, blk % blocks_per_row
+        col = col_block[:, None] * MX_BLOCK + tl.arange(0, MX_BLOCK)[None, :]
+        offs = row[:, None] * (blocks_per_row * MX_BLOCK) + col
+        sblk = row * blocks_per_row + col_block
+        x = tl.load(x_ptr + row[:, None] * stride_row + col * stride_col, mask=in_range[:, None],
+                    other=0.0).to(tl.float32)
         if H_SIZE > 1:  # hadamard._walsh_hadamard: pairs (i, i + h) of each 2h run -> (a + b, a - b)
             if H_INPUT_BF16:
                 x = x.to(tl.bfloat16, fp_downcast_rounding="rtne").to(tl.float32)
@@ -96,7 +108,7 @@ def _kernels() -> dict[str, Any] | None:
                 x = tl.reshape(y, (GROUPS, MX_BLOCK))
             x = x * H_NORM
         if SCALES_GIVEN:
-            s = tl.load(scales_ptr + blk, mask=in_range, other=0).to(tl.int32)
+            s = tl.load(scales_ptr + sblk, mask=in_range, other=0).to(tl.int32)
         else:
             # rules.SCALE_RULES on the float32 bits of the block amax, then scale_bytes
             amax = tl.max(tl.abs(x), axis=1)
@@ -119,7 +131,7 @@ def _kernels() -> dict[str, Any] | None:
             e = tl.minimum(tl.maximum(e, -127), 127) + 127
             e = tl.where(amax == 0, ZERO_SCALE, e)
             s = tl.where(has_nan, 255, e)
-            tl.store(scales_ptr + blk, s.to(tl.uint8), mask=in_range)
+            tl.store(scales_ptr + sblk, s.to(tl.uint8), mask=in_range)
         # formats.encode_bits_float: x * 2**(127 - s), |.| clamped to max, divided by its
         # quantum (a power-of-two multiply), rounded to an integer significand r; the code
         # is ((E - emin) << mbits) + r. Every float32 step is exact but the first multiply.
@@ -193,7 +205,11 @@ def quantize_blocks(xs: torch.Tensor, fmt: FloatFormat, *, block_size: int, scal
             or (hadamard is not None and scales is not None) or (kernels := _kernels()) is None):
         return None
     h_size, h_norm, h_input_bf16 = rotation
-    xs = xs.contiguous()
+    # 2D: read in place when the rows or the columns are contiguous (a transposed operand)
+    if xs.dim() != 2 or (xs.stride(1) != 1 and xs.stride(0) != 1):
+        xs = xs.contiguous()
+    row_fastest = xs.dim() == 2 and xs.stride(1) != 1
+    rows = xs.numel() // xs.shape[-1] if xs.dim() else 1
     codes = torch.empty(xs.shape, dtype=torch.uint8, device=xs.device)
     out_scales = (torch.empty((*xs.shape[:-1], xs.shape[-1] // block_size), dtype=torch.uint8, device=xs.device)
                   if scales is None else scales.contiguous())
@@ -202,8 +218,9 @@ def quantize_blocks(xs: torch.Tensor, fmt: FloatFormat, *, block_size: int, scal
     if n_blocks:
         nan_code = 0 if fmt.nan_code is None else fmt.nan_code
         kernels["quantize"][((n_blocks + groups - 1) // groups,)](
-            xs, xs if u is None else u.contiguous(), out_scales, codes, n_blocks,
-            MX_BLOCK=block_size, GROUPS=groups, MBITS=fmt.mbits, EMIN=fmt.emin, EMAX=fmt.emax, FMAX=fmt.max,
+            xs, xs if u is None else u.contiguous(), out_scales, codes, n_blocks, rows,
+            xs.stride(0) if xs.dim() == 2 else xs.shape[-1], xs.stride(-1) if xs.dim() else 1,
+            ROW_FASTEST=row_fastest, MX_BLOCK=block_size, GROUPS=groups, MBITS=fmt.mbits, EMIN=fmt.emin, EMAX=fmt.emax, FMAX=fmt.max,
             BITS=fmt.bits, FNUZ=fmt.nan == "fnuz", NAN_CODE=nan_code, RULE=_RULES[scale_rule],
             ROUNDING=_ROUNDINGS[rounding], ZERO_SCALE=zero_scale, SCALES_GIVEN=scales is not None,
             H_SIZE=h_size, H_LOG2=h_size.bit_length() - 1, H_NORM=h_norm, H_INPUT_BF16=h_input_bf16,
