@@ -32,7 +32,7 @@ __all__ = ["dequantize_bf16", "quantize_blocks"]
 
 _cache: dict[tuple[str, bool], Any] = {}
 _BLOCK = 2048
-# Elements per program and warps of the quantize kernel (tools/h200/fused_configs.py
+# Elements per program and warps of the quantize kernel (benchmarks/bench_fused_configs.py
 # measured these on an H200; the bits do not depend on them).
 _QUANT_BLOCK = 2048
 _QUANT_WARPS = 4

@@ -24,7 +24,7 @@ for step in ${STEPS:-tests train configs quantize}; do
                        --recipes ${RECIPES:-mxfp4 mxfp8 fp8 nvfp4} --profile "${PROFILE_TOP:-0}" --json "$OUT/train_fused$f.json"
                    grep -E "^(bf16|mx|fp8|nvfp4)" "$OUT/train_fused$f.log"
                done ;;
-        configs) run fused_configs 200 python3 tools/h200/fused_configs.py; cat "$OUT/fused_configs.log" | grep -v "^/" | head -80 ;;
+        configs) run fused_configs 200 python3 benchmarks/bench_fused_configs.py; cat "$OUT/fused_configs.log" | grep -v "^/" | head -80 ;;
         quantize) run quantize 150 python3 benchmarks/bench_quantize.py --device cuda --compile --repeat 30 --json "$OUT/quantize.json"
                   grep "case=" "$OUT/quantize.log" ;;
         gemm) run gemm 150 python3 benchmarks/bench_gemm.py --device cuda --json "$OUT/gemm.json"; tail -12 "$OUT/gemm.log" ;;

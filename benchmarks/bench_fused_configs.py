@@ -2,14 +2,13 @@
 settings, 16384x3072 bf16, median of 50 CUDA-event timings, and check every setting gives
 the default's codes and scales. Prints one line per case and setting.
 
-    PYTHONPATH=.:/tmp/site python3 tools/h200/fused_configs.py
+    PYTHONPATH=.:/tmp/site python3 benchmarks/bench_fused_configs.py
 """
 
 from __future__ import annotations
 
-import statistics
-
 import torch
+from bench_gemm import cuda_ms  # this folder is sys.path[0] when run as a script
 
 import mxcheck
 from mxcheck.scaling import mx_cuda
@@ -19,21 +18,9 @@ CASES = [("e2m1", dict(scale_rule="even")), ("e4m3", dict(scale_rule="rceil")),
          ("e2m3", dict(scale_rule="floor", rounding="half_away", hadamard="h32", zero_scale=127))]
 
 
-def median_ms(fn, repeat=50):
-    times = []
-    for _ in range(repeat):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
 def main() -> None:
     x = torch.randn(16384, 3072, device="cuda", dtype=torch.bfloat16)
-    floor_ms = median_ms(lambda: x.clone())  # read + write of the input: a bandwidth yardstick
+    floor_ms = cuda_ms(lambda: x.clone(), 50)  # read + write of the input: a bandwidth yardstick
     print(f"clone of the input (2 x 96 MiB moved): {floor_ms:.4f} ms")
     for fmt, kw in CASES:
         want = mxcheck.mx_quantize(x, fmt, **kw)
@@ -43,7 +30,7 @@ def main() -> None:
                 try:
                     got = mxcheck.mx_quantize(x, fmt, **kw)
                     same = torch.equal(got.codes, want.codes) and torch.equal(got.scales, want.scales)
-                    ms = median_ms(lambda f=fmt, k=kw: mxcheck.mx_quantize(x, f, **k))
+                    ms = cuda_ms(lambda f=fmt, k=kw: mxcheck.mx_quantize(x, f, **k), 50)
                     print(f"{fmt} {kw} block={block} warps={warps}: {ms:.4f} ms same={same}")
                 except Exception as e:  # a setting the compiler refuses
                     print(f"{fmt} {kw} block={block} warps={warps}: failed {type(e).__name__}: {str(e)[:80]}")
