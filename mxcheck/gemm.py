@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -57,7 +56,6 @@ ACCUMULATE_DTYPES = (torch.float32, torch.float64)
 # "none" keeps an operand in a plain torch float dtype (rounded once, RNE).
 _PLAIN_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 _BF16_MIN_EXP = -133  # bf16's smallest subnormal is 2**-133
-_BF16_MAX = torch.finfo(torch.bfloat16).max
 
 
 @dataclass(frozen=True, eq=False)
@@ -266,51 +264,48 @@ def _strict_cuda_matmul() -> Iterator[None]:
 
 
 def mx_fits_bf16(q: MXTensor) -> bool:
-    """Whether every value of q is a bf16, read from the scale bytes (1/32 of the data).
+    """Whether every value of q is what its bf16 cast gives, read from the scale bytes
+    (1/32 of the data), and for most formats from the format alone.
 
     An element is an integer multiple of 2**(1 - bias - mbits) with at most mbits + 1
-    significant bits; times 2**(s - 127) it is a bf16 while that lowest bit is at or
-    above 2**-133 (bf16's smallest subnormal) and fmt.max * 2**(s - 127) is at most
-    bf16's max. A block whose byte is too small passes only if all its codes are zero:
-    all-zero blocks get byte 0 (``zero_scale``), and mxfp8 tensors have them routinely.
-    NaN blocks (byte 255) are NaN in bf16 too.
+    significant bits; times 2**(s - 127) it is a bf16 while that lowest bit is at or above
+    2**-133 (bf16's smallest subnormal). At the top nothing can go wrong: a value of at most
+    8 significant bits below float32's overflow is at most bf16's max, and one that
+    overflows float32 is Inf in both. So only the smallest bytes can fail, and for fp4 and
+    fp6 elements not even byte 0 does (e2m1's lowest bit times 2**-127 is 2**-128): those
+    need no device read at all. A block whose byte is too small passes only if all its codes
+    are zero: all-zero blocks get byte 0 (``zero_scale``), and mxfp8 tensors have them
+    routinely. NaN blocks (byte 255) are NaN in bf16 too.
     """
     return _all_fit_bf16(q)
 
 
 def _all_fit_bf16(*qs: MXTensor) -> bool:
-    """mx_fits_bf16 of every q, reading the device once from the scale bytes of all of them
-    (each read waits for the GPU to drain; an emulated GEMM checks two operands), and once
-    more, over the codes, only where a block's byte is below bf16's range."""
+    """mx_fits_bf16 of every q. Each device read waits for the GPU to drain, so: none for
+    formats that fit at every byte; one for the smallest bytes of the others (an emulated
+    GEMM checks two operands); one more, over the codes, only where a byte is too small."""
     if any(q.fmt.mbits > 7 for q in qs):
         return False
-    # The smallest byte and the largest but NaN's of each operand, one read for all: uint8
-    # wraps E8M0 NaN (255) + 1 to 0, so the max of byte + 1 skips it. (torch.bincount would
-    # read the device once more itself, for its output size.)
-    ends = torch.stack([t for q in qs for t in (q.scales.amin(), (q.scales + 1).amax())]).tolist()
-    small = []
-    for q, lowest, highest_plus_1 in zip(qs, ends[0::2], ends[1::2], strict=True):
-        low, high = _bf16_byte_range(q.fmt)  # the range's ends can lie outside 0..255
-        if highest_plus_1 - 1 > high:
-            return False
-        if lowest < low:
-            small.append(q)
+    checked = [q for q in qs if _bf16_lowest_byte(q.fmt) > 0]
+    if not checked:
+        return True
+    lowest = torch.stack([q.scales.amin() for q in checked]).tolist()
+    small = [q for q, byte in zip(checked, lowest, strict=True) if byte < _bf16_lowest_byte(q.fmt)]
     return not small or not bool(torch.stack([_nonzero_in_small_blocks(q) for q in small]).any())
 
 
 def _nonzero_in_small_blocks(q: MXTensor) -> torch.Tensor:
     """Whether a block whose byte is below bf16's range holds a nonzero code (0-dim bool)."""
-    small = q.scales.to(torch.int32) < _bf16_byte_range(q.fmt)[0]
+    small = q.scales.to(torch.int32) < _bf16_lowest_byte(q.fmt)
     codes = q.codes.unflatten(-1, (-1, q.block_size))  # scales are per block of the last axis
     return (small.unsqueeze(-1) & (codes & q.fmt.magnitude_mask).ne(0)).any()
 
 
 @functools.cache
-def _bf16_byte_range(fmt: FloatFormat) -> tuple[int, int]:
-    """The E8M0 bytes [low, high] at which every element of fmt times the scale is a bf16."""
-    low = _BF16_MIN_EXP - (1 - fmt.bias - fmt.mbits) + 127
-    high = max(b for b in range(255) if math.ldexp(fmt.max, b - 127) <= _BF16_MAX)
-    return low, high
+def _bf16_lowest_byte(fmt: FloatFormat) -> int:
+    """The smallest E8M0 byte at which the element's lowest bit times the scale is at least
+    bf16's smallest subnormal (<= 0: every byte)."""
+    return _BF16_MIN_EXP - (1 - fmt.bias - fmt.mbits) + 127
 
 
 def _as_bf16_exactly(q: QTensor, d: torch.Tensor) -> torch.Tensor | None:
