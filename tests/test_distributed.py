@@ -1,8 +1,11 @@
 """mxcheck inside a torch.distributed job: two CPU processes over gloo, on 127.0.0.1.
 
 The end-to-end tests launch ``torchrun --nproc-per-node 2 -m mxcheck.distributed_check``
-(the command a user runs) twice; the negative control spawns two processes that sabotage
-one layer on rank 1 only. Each run takes about 25 s on two CPU cores.
+(the command a user runs) and, at the same time, two spawned processes that run the same
+check again from the same seed (the byte-identity check) and then, in the same process
+group, the negative control: one layer sabotaged on rank 1 only. The spawned ranks do both
+so that the suite starts two Python processes with torch fewer (about 3 s of CPU each);
+both jobs take about 25 s on two CPU cores.
 """
 
 from __future__ import annotations
@@ -114,29 +117,69 @@ def test_the_bands_are_the_single_process_bands():
 # ---- two ranks: torchrun, as a user runs it ---------------------------------------------
 
 
+def _torchrun_command(out: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
+            "127.0.0.1", "--master-port", str(_free_port()), "-m", "mxcheck.distributed_check",
+            "--out", str(out), *args]
+
+
 def _torchrun(out: Path, *args: str) -> tuple[subprocess.CompletedProcess, float]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
-           "127.0.0.1", "--master-port", str(_free_port()), "-m", "mxcheck.distributed_check",
-           "--out", str(out), *args]
     start = time.perf_counter()
-    done = subprocess.run(cmd, capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=300)
+    done = subprocess.run(_torchrun_command(out, *args), capture_output=True, text=True, env=_env(),
+                          cwd=ROOT, timeout=300)
     return done, time.perf_counter() - start
 
 
+def _bf16_on_rank_1(model: torch.nn.Module, rank: int) -> None:
+    if rank == 1:
+        model.get_submodule(SABOTAGED).backend = Bf16Fallback()
+
+
+def _spawned(rank: int, port: int, again: str, sabotaged: str) -> None:
+    """One rank of the spawned job: the torchrun job's check again, then the negative control."""
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    torch.set_num_threads(1)
+    try:
+        distributed_check.run(distributed_check.parse_args(["--recipe", "mxfp8", "--out", again]))
+        # The same process group again (run reuses it): collection only, rank 1 sabotaged.
+        distributed_check.run(distributed_check.parse_args(["--recipe", "mxfp8", "--steps", "0", "--out", sabotaged]),
+                              prepare=_bf16_on_rank_1)
+    finally:
+        torch.distributed.destroy_process_group()
+
+
 @pytest.fixture(scope="module")
-def two_runs(tmp_path_factory):
-    """The mxfp8 check (collection and a 30-step convergence run) twice, from one seed."""
-    runs = []
-    for name in ("a", "b"):
-        out = tmp_path_factory.mktemp("torchrun") / f"{name}.json"
-        done, seconds = _torchrun(out, "--recipe", "mxfp8")
-        assert out.exists(), done.stdout[-3000:] + done.stderr[-3000:]  # each test checks its part
-        runs.append((Report.load(out), done, seconds))
-    return runs
+def runs(tmp_path_factory):
+    """The mxfp8 check (collection and a 30-step convergence run) twice from one seed, once
+    by torchrun and once by two spawned ranks, and the spawned ranks' sabotaged collection;
+    the two jobs run at the same time."""
+    out = tmp_path_factory.mktemp("torchrun")
+    start = time.perf_counter()
+    # Its output to files, not pipes: nothing reads a pipe while the spawned ranks run.
+    with open(out / "stdout", "w+") as stdout, open(out / "stderr", "w+") as stderr:
+        torchrun = subprocess.Popen(_torchrun_command(out / "a.json", "--recipe", "mxfp8"), stdout=stdout,
+                                    stderr=stderr, text=True, env=_env(), cwd=ROOT)
+        try:
+            with pytest.MonkeyPatch.context() as mp:
+                for name in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES"):  # gloo on CPUs, also on a GPU runner
+                    mp.setenv(name, "")
+                torch.multiprocessing.spawn(_spawned, nprocs=2, join=True,
+                                            args=(_free_port(), str(out / "b.json"), str(out / "sabotaged.json")))
+            torchrun.wait(timeout=300)
+        finally:
+            if torchrun.poll() is None:  # the spawned job failed: stop torchrun and its ranks
+                torchrun.terminate()
+                torchrun.wait(timeout=60)
+    done = subprocess.CompletedProcess(torchrun.args, torchrun.returncode, (out / "stdout").read_text(),
+                                       (out / "stderr").read_text())
+    assert (out / "a.json").exists(), done.stdout[-3000:] + done.stderr[-3000:]  # each test checks its part
+    return {"torchrun": (Report.load(out / "a.json"), done, time.perf_counter() - start),
+            "again": Report.load(out / "b.json"), "sabotaged": Report.load(out / "sabotaged.json")}
 
 
-def test_both_ranks_records_are_merged_once_on_rank_0(two_runs):
-    report, done, _ = two_runs[0]
+def test_both_ranks_records_are_merged_once_on_rank_0(runs):
+    report, done, _ = runs["torchrun"]
     assert done.returncode == 0, done.stdout[-3000:]
     assert done.stdout.count("records from 2 ranks (gloo)") == 1  # only rank 0 merged and wrote
     per_rank = [(r.layer, r.kind, r.extra["rank"], r.extra["world_size"])
@@ -153,15 +196,15 @@ def test_both_ranks_records_are_merged_once_on_rank_0(two_runs):
     assert stats["rank0/single_blocks.0.linear1/fwd/x_row"] != stats["rank1/single_blocks.0.linear1/fwd/x_row"]
 
 
-def test_the_merged_report_is_identical_across_two_runs(two_runs):
-    (a, _, ta), (b, _, tb) = two_runs
-    print(f"torchrun wall time: {ta:.1f} s and {tb:.1f} s")
-    assert a.dumps() == b.dumps()
+def test_the_merged_report_is_identical_across_two_runs(runs):
+    report, _, seconds = runs["torchrun"]
+    print(f"wall time of both jobs: {seconds:.1f} s")
+    assert report.dumps() == runs["again"].dumps()
 
 
 @pytest.mark.convergence
-def test_sharded_mxfp8_loss_falls_and_tracks_bf16(two_runs):
-    report = two_runs[0][0]
+def test_sharded_mxfp8_loss_falls_and_tracks_bf16(runs):
+    report = runs["torchrun"][0]
     found = {(r.recipe, r.kind): r for r in report.records if r.test_id.endswith("::converge")}
     assert sorted(found) == [("bf16", "loss_falls"), ("mxfp8", "grads"), ("mxfp8", "loss_falls"),
                              ("mxfp8", "tracks")]
@@ -177,28 +220,8 @@ def test_sharded_mxfp8_loss_falls_and_tracks_bf16(two_runs):
 # ---- negative control: one rank's layer silently runs bf16 --------------------------------
 
 
-def _bf16_on_rank_1(model: torch.nn.Module, rank: int) -> None:
-    if rank == 1:
-        model.get_submodule(SABOTAGED).backend = Bf16Fallback()
-
-
-def _spawned(rank: int, port: int, out: str) -> None:
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-    torch.set_num_threads(1)
-    args = distributed_check.parse_args(["--recipe", "mxfp8", "--steps", "0", "--out", out])
-    try:
-        distributed_check.run(args, prepare=_bf16_on_rank_1)
-    finally:
-        torch.distributed.destroy_process_group()
-
-
-def test_the_manifest_fails_when_one_ranks_layer_silently_runs_bf16(tmp_path, monkeypatch):
-    out = tmp_path / "sabotaged.json"
-    for name in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES"):  # gloo on CPUs, also on a GPU runner
-        monkeypatch.setenv(name, "")
-    torch.multiprocessing.spawn(_spawned, args=(_free_port(), str(out)), nprocs=2, join=True)
-    checks = {r.layer: r for r in Report.load(out).records if r.kind == "precision"}
+def test_the_manifest_fails_when_one_ranks_layer_silently_runs_bf16(runs):
+    checks = {r.layer: r for r in runs["sabotaged"].records if r.kind == "precision"}
     assert checks["rank0/model"].passed
     assert not checks["rank1/model"].passed
     message = checks["rank1/model"].message
