@@ -53,9 +53,10 @@ _PLAIN = (torch.Tensor, torch.nn.Parameter)  # no dispatch of their own
 def _listened(x: torch.Tensor) -> bool:
     """Whether anything could see a dispatched op: a TorchDispatchMode (infra modes, i.e.
     fake tensors and make_fx, included), a TorchFunctionMode, the profiler, a compiler or
-    the JIT tracer, or a tensor subclass (a Parameter is plain). A Python custom op costs tens of microseconds
-    through the dispatcher; a training step announces about a hundred, and otherwise
-    nobody reads them. Where torch lacks one of these checks, it announces anyway."""
+    the JIT tracer, or a tensor subclass (a Parameter is plain). A Python custom op costs
+    tens of microseconds through the dispatcher; a training step announces about a
+    hundred, and otherwise nobody reads them. Where torch lacks one of these checks, it
+    announces anyway."""
     try:
         return bool(is_in_torch_dispatch_mode(include_infra_modes=True) or torch._C._is_torch_function_mode_enabled()
                     or torch.autograd._profiler_enabled() or torch.compiler.is_compiling()
