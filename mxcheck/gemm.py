@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -40,6 +40,7 @@ from mxcheck.scaling import (
     mx_quantize,
     nvfp4_quantize,
 )
+from mxcheck.scaling.blocks import per_row
 from mxcheck.scaling.fp8 import FP8_GRANULARITIES
 
 __all__ = [
@@ -50,6 +51,7 @@ __all__ = [
     "emulated_gemm",
     "mx_fits_bf16",
     "quantize_operand",
+    "transposed_operand",
 ]
 
 ACCUMULATE_DTYPES = (torch.float32, torch.float64)
@@ -131,6 +133,40 @@ def quantize_operand(
         raise ValueError(f"spec {_describe(spec)}: scaling 'none' keeps one of {sorted(_PLAIN_DTYPES)}, "
                          f"not {spec.fmt!r}")
     return PlainTensor(x.to(dtype))
+
+
+def transposed_operand(q: QTensor, spec: OperandSpec) -> QTensor | None:
+    """``quantize_operand(x.T, spec)`` from q, the ``quantize_operand(x, spec)`` of a 2D x,
+    where its blocks are symmetric, else None.
+
+    Tensorwise FP8 (current scaling) and square tiles (FP8 128x128, MX and NVFP4 2D tiles,
+    without a rotation or SR, and with nothing padded either way) take their amax over a
+    set of elements that the transpose maps onto itself, and encode each element alone: the
+    transposed codes and tile scales are the bits quantizing x.T gives (TE and Primus-Turbo
+    build their columnwise copies so). A linear's x_col, w_col and g_col are such transposes
+    of x_row, w_row and g_row; tests/test_linear_transposes.py holds both ways equal.
+    """
+    if spec.rounding == "sr" or spec.hadamard is not None:  # SR draws per position
+        return None
+    if isinstance(q, FP8Tensor) and spec.scaling == q.granularity:
+        if q.granularity == "tensor":
+            return replace(q, codes=q.codes.t().contiguous())
+        if q.granularity == "block128x128":
+            return replace(q, codes=q.codes.t().contiguous(),
+                           **{f: getattr(q, f).t().contiguous() for f in ("scale_inv", "scale", "amax")})
+        return None
+    if isinstance(q, MXTensor) and spec.scaling == "mx" and q.block_2d and q.hadamard is None:
+        rows, cols = q.shape
+        if tuple(q.codes.shape) != q.shape or (spec.pad_to is not None and rows % spec.pad_to):
+            return None  # a padded axis: x.T pads the other one
+        tiles = q.scales[:: q.block_size]  # each tile's byte sits on each of its rows
+        return replace(q, codes=q.codes.t().contiguous(), scales=per_row(tiles.t().contiguous(), q.block_size),
+                       shape=(cols, rows))
+    if isinstance(q, NVFP4Tensor) and spec.scaling == "nvfp4" and q.block_2d and q.hadamard is None:
+        tiles = q.block_scales[:: spec.block_size]
+        return replace(q, codes=q.codes.t().contiguous(),
+                       block_scales=per_row(tiles.t().contiguous(), spec.block_size))
+    return None
 
 
 def _describe(spec: OperandSpec) -> str:

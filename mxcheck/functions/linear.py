@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from mxcheck.gemm import PlainTensor, QTensor, emulated_gemm, quantize_operand
+from mxcheck.gemm import PlainTensor, QTensor, emulated_gemm, quantize_operand, transposed_operand
 from mxcheck.recipes import OPERANDS, Recipe, get_recipe
 from mxcheck.scaling import DelayedScaling
 from mxcheck.scaling.fp8 import FP8_GRANULARITIES
@@ -40,6 +40,8 @@ __all__ = [
 
 _INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _BACKWARD_OPERANDS = ("g_row", "w_col", "g_col", "x_col")
+# Each column copy quantizes the transpose of a row copy's tensor (the same storage).
+TRANSPOSE_OF = {"x_col": "x_row", "w_col": "w_row", "g_col": "g_row"}
 # Scalings that make a GEMM an FP8 (tensor/row/block/delayed scaled) GEMM.
 _FP8_SCALINGS = (*FP8_GRANULARITIES, "delayed")
 
@@ -75,6 +77,9 @@ class OperandQuantizer:
         self.states = dict(states or {})
         # The GEMM the layer runs: the oracle's, or a backend's on the same quantized operands.
         self.gemm: Gemm = emulated_gemm if gemm is None else gemm
+        # row copy -> (its tensor, that tensor's version, its quantized operand), kept when
+        # the column copy has the same spec: see _as_transpose
+        self._row_copies: dict[str, tuple[torch.Tensor, int, QTensor]] = {}
 
     def __call__(self, operand: str, t: torch.Tensor) -> QTensor:
         spec = self.recipe.spec(operand)
@@ -94,14 +99,32 @@ class OperandQuantizer:
                                  device=device).to(t.device)
         announce_quantize(t, self.layer, operand, spec.fmt, spec.scaling, spec.scale_rule, spec.block_size,
                           spec.rounding)
+        transposed = self._as_transpose(operand, t)
+        if transposed is not None:
+            return transposed
         # The fused CUDA MX quantizer reads a transposed copy (w_col, g_col, x_col) in place.
         operand_in = t if spec.scaling == "mx" and t.is_cuda else t.contiguous()
         try:
             with oracle_scope():
-                return quantize_operand(operand_in, spec, rand=rand, state=state)
+                out = quantize_operand(operand_in, spec, rand=rand, state=state)
         except ValueError as e:  # e.g. a token count the block size does not tile (wgrad K = M)
             raise ValueError(f"layer {self.layer}: recipe {self.recipe.name} cannot quantize {operand} "
                              f"(shape {tuple(t.shape)}): {e}") from e
+        if operand in TRANSPOSE_OF.values() and spec == self.recipe.spec(_column_copy(operand)):
+            self._row_copies[operand] = (t, t._version, out)
+        return out
+
+    def _as_transpose(self, operand: str, t: torch.Tensor) -> QTensor | None:
+        """A column copy as the transpose of its row copy's quantized operand, where t is
+        that tensor transposed (same storage, unchanged since) and the spec's blocks are
+        symmetric (``transposed_operand``): the same bits without a second quantization."""
+        row = self._row_copies.pop(TRANSPOSE_OF.get(operand, ""), None)
+        if row is None:
+            return None
+        src, version, q = row
+        same_storage = (t.data_ptr() == src.data_ptr() and t.shape == src.shape[::-1]
+                        and t.stride() == src.stride()[::-1] and t._version == version)
+        return transposed_operand(q, self.recipe.spec(operand)) if same_storage else None
 
 
     def run_gemm(self, direction: str, a: QTensor, b: QTensor, **kw: Any) -> torch.Tensor:
@@ -114,6 +137,10 @@ class OperandQuantizer:
             return self.gemm(a, b, **kw)
         with oracle_scope():
             return self.gemm(a, b, **kw)
+
+
+def _column_copy(row_operand: str) -> str:
+    return next(col for col, row in TRANSPOSE_OF.items() if row == row_operand)
 
 
 def _codes(q: QTensor) -> torch.Tensor:

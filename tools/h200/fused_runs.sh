@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the H200: the fused MX kernels' cuda tests, then issue 15's benchmarks that they move.
-# Logs and JSON under $OUT. STEPS picks a subset (tests train configs quantize gemm memory).
+# Logs and JSON under $OUT. STEPS picks a subset (tests train configs quantize gemm memory host triton).
 set -uo pipefail
 export PYTHONPATH=.:/tmp/site PYTHONUNBUFFERED=1
 if [ ! -d /tmp/site/gfloat ]; then
@@ -28,6 +28,11 @@ for step in ${STEPS:-tests train configs quantize}; do
         quantize) run quantize 150 python3 benchmarks/bench_quantize.py --device cuda --compile --repeat 30 --json "$OUT/quantize.json"
                   grep "case=" "$OUT/quantize.log" ;;
         gemm) run gemm 150 python3 benchmarks/bench_gemm.py --device cuda --json "$OUT/gemm.json"; tail -12 "$OUT/gemm.log" ;;
+        host) run host_profile 200 python3 benchmarks/profile_host.py --device cuda --recipes ${RECIPES:-mxfp4 mxfp8 fp8 nvfp4} --top 45
+              grep -E "^== |function calls" "$OUT/host_profile.log" ;;
+        triton) run train_triton 200 python3 benchmarks/bench_training_step.py --device cuda --recipes mxfp4 --backend triton \
+                    --json "$OUT/train_triton.json"
+                grep -E "^(bf16|mx)" "$OUT/train_triton.log" ;;
         memory) run memory 120 python3 benchmarks/bench_memory.py --device cuda --json "$OUT/memory.json"; tail -12 "$OUT/memory.log" ;;
     esac
 done
