@@ -143,7 +143,8 @@ LAYOUTS = {
 @pytest.mark.cuda
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize(("fmt", "rule", "rounding", "hadamard"), [("e2m1", "even", "sr", "h16x2"),
-                                                                   ("e4m3", "rceil", "rne", None)])
+                                                                   ("e4m3", "rceil", "rne", None),
+                                                                   ("e4m3", "floor", "rne", Hadamard(64))], ids=str)
 def test_fused_quantize_reads_strided_operands_in_place(fmt, rule, rounding, hadamard, layout, gen):
     pytest.importorskip("triton")
     x = fused_inputs(fmt, gen)
@@ -219,25 +220,31 @@ def test_fused_quantize_in_the_interpreter_equals_the_torch_path(fmt, rule, roun
     want = _quantize(x, fmt, rule, rounding, block_2d, rand)
     monkeypatch.setenv("MXCHECK_FUSED_MX", "1")
     f = get_format(fmt)
-    scales = want.scales if block_2d else None
     u = None if rand is None else rand.double() / 256
-    got = mx_cuda.quantize_blocks(x, f, block_size=32, scale_rule=rule, zero_scale=0, rounding=rounding, u=u,
-                                  scales=scales)
-    assert got is not None
-    codes, got_scales = got
-    # NaN blocks: mx_quantize writes the format's NaN code; so does the kernel
-    assert torch.equal(got_scales, want.scales)
-    bad = (codes != want.codes).nonzero()
-    assert not len(bad), f"{len(bad)} codes differ; first at {bad[0].tolist()}: x={x[tuple(bad[0])].item()!r}"
+    kw = dict(block_size=32, scale_rule=rule, zero_scale=0, rounding=rounding, u=u)
+    # 2D: the kernel's own tile amax, and the bytes given (its path for the cases it refuses)
+    runs = [dict(block_2d=True), dict(scales=want.scales)] if block_2d else [{}]
+    for run in runs:
+        got = mx_cuda.quantize_blocks(x, f, **kw, **run)
+        assert got is not None
+        codes, got_scales = got
+        # NaN blocks: mx_quantize writes the format's NaN code; so does the kernel
+        assert torch.equal(got_scales, want.scales), run
+        bad = (codes != want.codes).nonzero()
+        assert not len(bad), f"{run}: {len(bad)} codes differ; first at {bad[0].tolist()}: x={x[tuple(bad[0])].item()!r}"
 
 
 @pytest.mark.emulated
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_fused_quantize_in_the_interpreter_reads_strided_operands(layout, interpreted, monkeypatch, gen):
+@pytest.mark.parametrize(("layout", "kw"), [*((layout, {}) for layout in LAYOUTS),
+                                            ("transposed", {"hadamard": Hadamard(64)}),
+                                            ("transposed", {"block_2d": True, "hadamard": "h16x2"})], ids=str)
+def test_fused_quantize_in_the_interpreter_reads_strided_operands(layout, kw, interpreted, monkeypatch, gen):
+    # a 64-point rotation spans two blocks of a row: a transposed operand is copied first,
+    # since a program's blocks are then on consecutive rows
     x = fused_inputs("e4m3", gen, all_bf16=False)
     strided = LAYOUTS[layout](x)
     monkeypatch.setenv("MXCHECK_FUSED_MX", "0")
-    want = mxcheck.mx_quantize(strided.contiguous(), "e4m3", scale_rule="rceil")
+    want = mxcheck.mx_quantize(strided.contiguous(), "e4m3", scale_rule="rceil", **kw)
     monkeypatch.setenv("MXCHECK_FUSED_MX", "1")
-    got = mxcheck.mx_quantize(strided, "e4m3", scale_rule="rceil")
+    got = mxcheck.mx_quantize(strided, "e4m3", scale_rule="rceil", **kw)
     assert torch.equal(got.scales, want.scales) and torch.equal(got.codes, want.codes)

@@ -120,11 +120,12 @@ def mx_quantize(
     xs, u = _blocked_axis_last(x, u, axis, block_size, pad_to, rot)
     if block_2d:
         check_tiles(xs.shape[-2], block_size, f"the row axis of x for 2D blocks (shape {tuple(x.shape)})", False)
-    # CUDA: 1D blocks take one fused Triton pass, rotation included; 2D tiles (and rotations
-    # it does not take) get their bytes here and the kernel encodes. Same bits as the torch
-    # path, which tests/test_mx_fused.py holds it to; elsewhere it returns None.
+    # CUDA: one fused Triton pass, rotation and 2D tiles included; where it does not take a
+    # case (a rotation with signs, a tile column that a program would split) the bytes are
+    # taken here and the kernel encodes. Same bits as the torch path, which
+    # tests/test_mx_fused.py holds it to; elsewhere it returns None.
     kw = dict(block_size=block_size, scale_rule=scale_rule, zero_scale=zero_scale, rounding=rounding, u=u)
-    fused = None if block_2d else quantize_blocks(xs, fmt, hadamard=rot, **kw)
+    fused = quantize_blocks(xs, fmt, hadamard=rot, block_2d=block_2d, **kw)
     if fused is not None:
         codes, scales = fused
     else:

@@ -75,17 +75,28 @@ def _kernels() -> dict[str, Any] | None:
         tl.store(out_ptr + offs, (value * scale).to(tl.bfloat16), mask=mask)
 
     @triton.jit
+    def _tile_max(v, GROUPS: tl.constexpr, TILE_ROWS: tl.constexpr):
+        """Each run of TILE_ROWS values replaced by its max."""
+        m = tl.max(tl.reshape(v, (GROUPS // TILE_ROWS, TILE_ROWS)), axis=1)
+        return tl.reshape(tl.broadcast_to(m[:, None], (GROUPS // TILE_ROWS, TILE_ROWS)), (GROUPS,))
+
+    # Triton's interpreter runs a kernel's source in its module's globals, not in this
+    # closure: the helpers a kernel calls are found there.
+    globals()["_tile_max"] = _tile_max
+
+    @triton.jit
     def mx_quantize_blocks(x_ptr, u_ptr, scales_ptr, codes_ptr, n_blocks, rows, stride_row, stride_col,
                            ROW_FASTEST: tl.constexpr, MX_BLOCK: tl.constexpr, GROUPS: tl.constexpr, MBITS: tl.constexpr,
                            EMIN: tl.constexpr, EMAX: tl.constexpr, FMAX: tl.constexpr, BITS: tl.constexpr,
                            FNUZ: tl.constexpr, NAN_CODE: tl.constexpr, RULE: tl.constexpr,
                            ROUNDING: tl.constexpr, ZERO_SCALE: tl.constexpr, SCALES_GIVEN: tl.constexpr,
                            H_SIZE: tl.constexpr, H_LOG2: tl.constexpr, H_NORM: tl.constexpr,
-                           H_INPUT_BF16: tl.constexpr):
+                           H_INPUT_BF16: tl.constexpr, TILE_ROWS: tl.constexpr):
         # Block blk is (row, block column) of the (rows, C) output; codes, scales and u are
         # contiguous there. x is read through its strides: a transposed operand (stride_row
         # 1) is read in place, with a program's blocks on consecutive rows so the loads are
-        # coalesced across them (ROW_FASTEST).
+        # coalesced across them (ROW_FASTEST). 2D tiles (TILE_ROWS > 1, ROW_FASTEST) are
+        # TILE_ROWS consecutive blocks of a program, which share their amax.
         blk = tl.program_id(0).to(tl.int64) * GROUPS + tl.arange(0, GROUPS)
         in_range = blk < n_blocks
         blocks_per_row = n_blocks // rows
@@ -112,7 +123,11 @@ def _kernels() -> dict[str, Any] | None:
         else:
             # rules.SCALE_RULES on the float32 bits of the block amax, then scale_bytes
             amax = tl.max(tl.abs(x), axis=1)
-            has_nan = tl.max((x != x).to(tl.int32), axis=1) > 0
+            has_nan = tl.max((x != x).to(tl.int32), axis=1)
+            if TILE_ROWS > 1:  # blocks.block_amax over the tile: the max of its rows' maxima
+                amax = _tile_max(amax, GROUPS, TILE_ROWS)
+                has_nan = _tile_max(has_nan, GROUPS, TILE_ROWS)
+            has_nan = has_nan > 0
             bits = amax.to(tl.int32, bitcast=True)
             field = (bits >> 23) & 0xFF
             if RULE == 0:  # floor
@@ -193,11 +208,12 @@ def _fused_rotation(hadamard: Hadamard | None) -> tuple[int, float, bool] | None
 
 def quantize_blocks(xs: torch.Tensor, fmt: FloatFormat, *, block_size: int, scale_rule: str, zero_scale: int,
                     rounding: str, u: torch.Tensor | None, scales: torch.Tensor | None = None,
-                    hadamard: Hadamard | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
+                    hadamard: Hadamard | None = None, block_2d: bool = False) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(codes, scale bytes) of xs (..., C) in MX blocks of ``block_size`` along the last axis,
     as ``mx_quantize`` computes them, or None where the kernel cannot run. ``scales``
-    (..., C / block_size), when given, are used instead of each block's own amax (2D tiles
-    compute theirs over several rows). ``u``: float64 uniforms shaped like xs, for SR.
+    (..., C / block_size), when given, are used instead of each block's own amax.
+    ``block_2d``: block_size x block_size tiles over the last two axes share their amax (each
+    row of a tile carries the tile's byte). ``u``: float64 uniforms shaped like xs, for SR.
     ``hadamard``: rotate each run of its size along the last axis first (not with scales)."""
     rotation = _fused_rotation(hadamard)
     if (not _runs_here(xs) or block_size & (block_size - 1) or block_size > _QUANT_BLOCK or fmt.bits > 8
@@ -205,16 +221,21 @@ def quantize_blocks(xs: torch.Tensor, fmt: FloatFormat, *, block_size: int, scal
             or (hadamard is not None and scales is not None) or (kernels := _kernels()) is None):
         return None
     h_size, h_norm, h_input_bf16 = rotation
-    # 2D: read in place when the rows or the columns are contiguous (a transposed operand)
-    if xs.dim() != 2 or (xs.stride(1) != 1 and xs.stride(0) != 1):
-        xs = xs.contiguous()
-    row_fastest = xs.dim() == 2 and xs.stride(1) != 1
     rows = xs.numel() // xs.shape[-1] if xs.dim() else 1
+    groups = max(1, _QUANT_BLOCK // block_size)
+    # A program's blocks lie on consecutive rows (ROW_FASTEST) for 2D tiles and for a
+    # transposed operand; a rotation must then stay inside a block.
+    if block_2d and (scales is not None or rows % block_size or groups % block_size or h_size > block_size):
+        return None
+    # 2D: read in place when the rows or the columns are contiguous (a transposed operand)
+    transposed = xs.dim() == 2 and xs.stride(0) == 1 and xs.stride(1) != 1
+    if xs.dim() != 2 or (xs.stride(1) != 1 and not (transposed and h_size <= block_size)):
+        xs = xs.contiguous()
+    row_fastest = block_2d or (xs.dim() == 2 and xs.stride(1) != 1)
     codes = torch.empty(xs.shape, dtype=torch.uint8, device=xs.device)
     out_scales = (torch.empty((*xs.shape[:-1], xs.shape[-1] // block_size), dtype=torch.uint8, device=xs.device)
                   if scales is None else scales.contiguous())
     n_blocks = xs.numel() // block_size
-    groups = max(1, _QUANT_BLOCK // block_size)
     if n_blocks:
         nan_code = 0 if fmt.nan_code is None else fmt.nan_code
         kernels["quantize"][((n_blocks + groups - 1) // groups,)](
@@ -224,5 +245,5 @@ def quantize_blocks(xs: torch.Tensor, fmt: FloatFormat, *, block_size: int, scal
             BITS=fmt.bits, FNUZ=fmt.nan == "fnuz", NAN_CODE=nan_code, RULE=_RULES[scale_rule],
             ROUNDING=_ROUNDINGS[rounding], ZERO_SCALE=zero_scale, SCALES_GIVEN=scales is not None,
             H_SIZE=h_size, H_LOG2=h_size.bit_length() - 1, H_NORM=h_norm, H_INPUT_BF16=h_input_bf16,
-            num_warps=_QUANT_WARPS)
+            TILE_ROWS=block_size if block_2d else 1, num_warps=_QUANT_WARPS)
     return codes, out_scales
