@@ -11,10 +11,13 @@ The GEMM dequantizes both operands exactly to float32 and multiplies:
   CUDA the values are bf16 and the matmul is bf16 with fp32 accumulation.
 - ``accumulate=torch.float32``, other operands: float32 accumulation. On CUDA, when both dequantized
   operands are exactly representable in bf16 (MX fp4/fp6/fp8 elements times E8M0 scales
-  are, unless a scale leaves bf16's range: ``mx_fits_bf16`` reads that from the scale
-  bytes; other operands are compared value by value), the fast path casts them to bf16 and runs a
+  are, unless a scale leaves bf16's range: ``mx_fits_bf16``'s rule on the scale bytes;
+  other operands are compared value by value), the fast path casts them to bf16 and runs a
   bf16 matmul with fp32 accumulation: the same product a hardware MX GEMM computes, and
-  what a benchmark times against a plain bf16 matmul. Otherwise a float32 matmul.
+  what a benchmark times against a plain bf16 matmul. Otherwise a float32 matmul. For two
+  MX operands with Triton the rule is applied on the device, with no host read: the bf16
+  dequantization flags a value bf16 cannot hold and a float32 GEMM from the exact values
+  then overwrites the result (``_mx_gemm_without_a_read``).
 
 Either way ``bias`` is added in the accumulation dtype (float32 for the float32 path) and
 the result is cast once to ``out_dtype``.
@@ -29,7 +32,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from mxcheck.formats import FloatFormat, get_format
+from mxcheck.formats import FloatFormat, decode_table, get_format
 from mxcheck.recipes import OperandSpec
 from mxcheck.scaling import (
     DelayedScaling,
@@ -42,6 +45,7 @@ from mxcheck.scaling import (
 )
 from mxcheck.scaling.blocks import per_row
 from mxcheck.scaling.fp8 import FP8_GRANULARITIES
+from mxcheck.scaling.mx_cuda import dequantize_bf16, gemm_f32_where_inexact
 
 __all__ = [
     "ACCUMULATE_DTYPES",
@@ -363,6 +367,44 @@ def _bf16_matmul(a16: torch.Tensor, b16: torch.Tensor, want_bf16: bool) -> torch
         return a16.float() @ b16.float().T
 
 
+def _mx_gemm_without_a_read(a: MXTensor, b: MXTensor, out_dtype: torch.dtype,
+                            bias: torch.Tensor | None) -> torch.Tensor | None:
+    """The bf16 fast path for two CUDA MX operands, exact with no device read, or None where
+    the Triton kernels cannot run.
+
+    The dequantization writes bf16 values and flags, on the device, any value bf16 cannot
+    hold (``mx_fits_bf16``'s rule: a nonzero code under a byte below ``_bf16_lowest_byte``;
+    only fp8 elements can have one). After the bf16 GEMM, a float32 GEMM from the exact
+    values overwrites the result if the flag is set and returns at once if not. So the
+    host never waits for the GPU to pick a path (each wait drained the queue), and a flagged
+    GEMM still sums exact products in float32, as the float32 path does (in another order).
+    """
+    _check_operands(a, b)
+    for name, q in (("a", a), ("b", b)):
+        if q.axis != len(q.shape) - 1:
+            raise ValueError(f"an NT GEMM operand is blocked along its last (contraction) axis; "
+                             f"operand {name} of shape {q.shape} is blocked along axis {q.axis}")
+    device = a.codes.device
+    if b.codes.device != device:
+        raise ValueError(f"a is on {device} and b on {b.codes.device}; put both on one device")
+    checked = any(_bf16_lowest_byte(q.fmt) > 0 for q in (a, b))
+    inexact = torch.zeros(1, dtype=torch.int32, device=device) if checked else None
+    operands = [(q.codes, q.scales, decode_table(q.fmt, device), q.block_size) for q in (a, b)]
+    values = [dequantize_bf16(*op, inexact=inexact, lowest_byte=max(0, _bf16_lowest_byte(q.fmt)),
+                              magnitude_mask=q.fmt.magnitude_mask) for op, q in zip(operands, (a, b), strict=True)]
+    if values[0] is None or values[1] is None:
+        return None
+    k = max(v.shape[1] for v in values)  # zero padding extends K exactly (as _operands)
+    da, db = (v if v.shape[1] == k else torch.nn.functional.pad(v, (0, k - v.shape[1])) for v in values)
+    _check_bias(bias, db.shape[0], device)
+    fast_bf16 = out_dtype == torch.bfloat16 and bias is None
+    with _strict_cuda_matmul():
+        y = _bf16_matmul(da, db, fast_bf16)
+    if inexact is not None and not gemm_f32_where_inexact(inexact, *operands, y):
+        raise RuntimeError("the float32 fallback GEMM could not run where the dequantization did")
+    return y if fast_bf16 else (y if bias is None else y + bias.float()).to(out_dtype)
+
+
 def emulated_gemm(
     a: QTensor,
     b: QTensor,
@@ -381,6 +423,10 @@ def emulated_gemm(
         if y is not None:
             _check_bias(bias, y.shape[1], y.device)
             return (y if bias is None else y + bias.float()).to(out_dtype)
+    if accumulate == torch.float32 and isinstance(a, MXTensor) and isinstance(b, MXTensor) and a.codes.is_cuda:
+        y = _mx_gemm_without_a_read(a, b, out_dtype, bias)
+        if y is not None:
+            return y
     # MX operands on CUDA whose values are all bf16 dequantize straight to bf16: the fast
     # path (decided from the scale bytes, before any full-size pass).
     direct_bf16 = (accumulate == torch.float32 and isinstance(a, MXTensor) and isinstance(b, MXTensor)

@@ -76,15 +76,21 @@ def test_emulated_gemm_bf16_fast_path_within_fp32_bound_of_exact(fmt, rule, gen)
     assert ((got - exact).abs() <= 512 * 2.0**-24 * (da @ db.T)).all()
 
 
-@pytest.mark.parametrize(("fmt", "rule", "reads"), [("e2m1", "even", 0), ("e4m3", "rceil", 2)])
-def test_emulated_gemm_reads_the_device_once_to_pick_its_path(fmt, rule, reads, gen):
-    # Each device-to-host read waits for the GPU to drain. e2m1 fits bf16 at every byte: no
-    # read. e4m3: one read of both operands' smallest bytes, and a second over the codes
-    # because a byte is below bf16's range (the all-zero blocks' byte 0). torch's sync
-    # debug mode warns once per synchronizing call.
+@pytest.mark.parametrize(("fmt", "rule", "fused", "reads"), [("e2m1", "even", "1", 0), ("e4m3", "rceil", "1", 0),
+                                                            ("e2m1", "even", "0", 0), ("e4m3", "rceil", "0", 2)])
+def test_emulated_gemm_picks_its_path_without_waiting_for_the_device(fmt, rule, fused, reads, gen, monkeypatch):
+    # Each device-to-host read waits for the GPU to drain. With the Triton kernels the path
+    # is picked on the device (tests/test_gemm_inexact.py). Without them (MXCHECK_FUSED_MX=0):
+    # e2m1 fits bf16 at every byte, no read; e4m3 reads both operands' smallest bytes, and
+    # then the codes, because a byte is below bf16's range (the all-zero blocks' byte 0).
+    # torch's sync debug mode warns once per synchronizing call.
     import warnings
 
     from mxcheck.gemm import emulated_gemm
+
+    if fused == "1":
+        pytest.importorskip("triton")
+    monkeypatch.setenv("MXCHECK_FUSED_MX", fused)
 
     x, w = torch.randn(256, 512, generator=gen), torch.randn(384, 512, generator=gen)
     x[:, :64] = 0.0

@@ -28,7 +28,7 @@ import torch
 from mxcheck.formats import FloatFormat
 from mxcheck.hadamard import Hadamard
 
-__all__ = ["dequantize_bf16", "quantize_blocks"]
+__all__ = ["dequantize_bf16", "gemm_f32_where_inexact", "quantize_blocks"]
 
 _cache: dict[tuple[str, bool], Any] = {}
 _BLOCK = 2048
@@ -62,17 +62,51 @@ def _kernels() -> dict[str, Any] | None:
         return None
 
     @triton.jit
-    def mx_dequant_bf16(codes_ptr, scales_ptr, table_ptr, out_ptr, n, k, scale_k, MX_BLOCK: tl.constexpr,
-                        BLOCK: tl.constexpr):
-        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        mask = offs < n
-        code = tl.load(codes_ptr + offs, mask=mask, other=0).to(tl.int32)
-        value = tl.load(table_ptr + code, mask=mask, other=0.0)
-        row, col = offs // k, offs % k
+    def _mx_values(codes_ptr, scales_ptr, table_ptr, row, col, mask, k, scale_k, MX_BLOCK: tl.constexpr):
+        """float32 table[code] * 2**(s - 127) at (row, col), exact (MXTensor.dequantize);
+        (the code, the byte) too. Byte 0 is the subnormal 2**-127 and 255 NaN."""
+        code = tl.load(codes_ptr + row * k + col, mask=mask, other=0).to(tl.int32)
         s = tl.load(scales_ptr + row * scale_k + col // MX_BLOCK, mask=mask, other=127).to(tl.int32)
         bits = tl.where(s == 0, 1 << 22, tl.where(s == 255, 0x7FC00000, s << 23))
-        scale = bits.to(tl.float32, bitcast=True)
-        tl.store(out_ptr + offs, (value * scale).to(tl.bfloat16), mask=mask)
+        return tl.load(table_ptr + code, mask=mask, other=0.0) * bits.to(tl.float32, bitcast=True), code, s
+
+    @triton.jit
+    def mx_dequant_bf16(codes_ptr, scales_ptr, table_ptr, out_ptr, inexact_ptr, n, k, scale_k,
+                        MX_BLOCK: tl.constexpr, BLOCK: tl.constexpr, LOWEST_BYTE: tl.constexpr,
+                        MAGNITUDE_MASK: tl.constexpr):
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        value, code, s = _mx_values(codes_ptr, scales_ptr, table_ptr, offs // k, offs % k, mask, k, scale_k,
+                                    MX_BLOCK)
+        tl.store(out_ptr + offs, value.to(tl.bfloat16), mask=mask)
+        if LOWEST_BYTE > 0:  # gemm.mx_fits_bf16 on the device: a nonzero code under too small a byte
+            inexact = tl.max((mask & (s < LOWEST_BYTE) & ((code & MAGNITUDE_MASK) != 0)).to(tl.int32))
+            if inexact > 0:
+                tl.atomic_max(inexact_ptr, inexact)
+
+    @triton.jit
+    def mx_gemm_f32_where_inexact(inexact_ptr, a_ptr, sa_ptr, ta_ptr, b_ptr, sb_ptr, tb_ptr, y_ptr, m, n,
+                                  ka, kb, k, sa_k, sb_k, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr,
+                                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+        # y = A @ B^T from the exact float32 values, float32 accumulation (FMA, no TF32),
+        # written over the bf16 GEMM's y; a no-op unless a dequantization flagged a value
+        # bf16 cannot hold. One output tile per program.
+        if tl.load(inexact_ptr) == 0:
+            return
+        rm = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)
+        rn = tl.program_id(1).to(tl.int64) * BN + tl.arange(0, BN)
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        k0 = 0
+        while k0 < k:  # not range(): Triton's interpreter cannot take a runtime bound there
+            rk = k0 + tl.arange(0, BK)
+            a, _, _ = _mx_values(a_ptr, sa_ptr, ta_ptr, rm[:, None], rk[None, :],
+                                 (rm[:, None] < m) & (rk[None, :] < ka), ka, sa_k, BLOCK_A)
+            b, _, _ = _mx_values(b_ptr, sb_ptr, tb_ptr, rn[:, None], rk[None, :],
+                                 (rn[:, None] < n) & (rk[None, :] < kb), kb, sb_k, BLOCK_B)
+            acc = tl.dot(a, tl.trans(b), acc, input_precision="ieee")
+            k0 += BK
+        tl.store(y_ptr + rm[:, None] * n + rn[None, :], acc.to(y_ptr.dtype.element_ty),
+                 mask=(rm[:, None] < m) & (rn[None, :] < n))
 
     @triton.jit
     def _tile_max(v, GROUPS: tl.constexpr, TILE_ROWS: tl.constexpr):
@@ -82,7 +116,7 @@ def _kernels() -> dict[str, Any] | None:
 
     # Triton's interpreter runs a kernel's source in its module's globals, not in this
     # closure: the helpers a kernel calls are found there.
-    globals()["_tile_max"] = _tile_max
+    globals().update(_tile_max=_tile_max, _mx_values=_mx_values)
 
     @triton.jit
     def mx_quantize_blocks(x_ptr, u_ptr, scales_ptr, codes_ptr, n_blocks, rows, stride_row, stride_col,
@@ -174,14 +208,18 @@ def _kernels() -> dict[str, Any] | None:
         code = tl.where((s == 255)[:, None], NAN_CODE, mag | sign)
         tl.store(codes_ptr + offs, code.to(tl.uint8), mask=in_range[:, None])
 
-    _cache[key] = {"dequantize": mx_dequant_bf16, "quantize": mx_quantize_blocks}
+    _cache[key] = {"dequantize": mx_dequant_bf16, "quantize": mx_quantize_blocks,
+                   "gemm_f32": mx_gemm_f32_where_inexact}
     return _cache[key]
 
 
-def dequantize_bf16(codes: torch.Tensor, scales: torch.Tensor, table: torch.Tensor,
-                    block_size: int) -> torch.Tensor | None:
+def dequantize_bf16(codes: torch.Tensor, scales: torch.Tensor, table: torch.Tensor, block_size: int,
+                    inexact: torch.Tensor | None = None, lowest_byte: int = 0,
+                    magnitude_mask: int = 0) -> torch.Tensor | None:
     """bf16 ``table[codes] * 2**(scales - 127)`` per ``block_size`` run of the last axis, or
-    None when the kernel cannot run here (no Triton, not CUDA)."""
+    None when the kernel cannot run here (no Triton, not CUDA). ``inexact`` (int32, one
+    element): set to 1 on the device where a code with a nonzero ``magnitude_mask`` part
+    sits under a byte below ``lowest_byte`` (its value is not a bf16), with no host read."""
     if not _runs_here(codes) or (kernels := _kernels()) is None:
         return None
     codes, scales = codes.contiguous(), scales.contiguous()
@@ -190,9 +228,35 @@ def dequantize_bf16(codes: torch.Tensor, scales: torch.Tensor, table: torch.Tens
     n = codes.numel()
     if n:
         kernels["dequantize"][((n + _BLOCK - 1) // _BLOCK,)](
-            codes, scales, table.to(torch.float32).contiguous(), out, n, k, scales.shape[-1],
-            MX_BLOCK=block_size, BLOCK=_BLOCK)
+            codes, scales, table.to(torch.float32).contiguous(), out, codes if inexact is None else inexact, n, k,
+            scales.shape[-1], MX_BLOCK=block_size, BLOCK=_BLOCK,
+            LOWEST_BYTE=lowest_byte if inexact is not None else 0, MAGNITUDE_MASK=magnitude_mask)
     return out
+
+
+# Output tiles of the float32 fallback GEMM: when nothing is flagged each program reads one
+# int and returns (a 16384 x 9216 output is 9,216 programs).
+_GEMM_TILE = (128, 128, 32)
+
+
+def gemm_f32_where_inexact(inexact: torch.Tensor, a: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int],
+                           b: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int], y: torch.Tensor) -> bool:
+    """Where ``inexact`` (set by ``dequantize_bf16``) is nonzero on the device, overwrite y
+    (M, N; float32 or bf16) with ``A @ B^T`` from the exact float32 values, summed in float32;
+    else leave it. a and b: (codes, scale bytes, float32 decode table, block size), NT. False
+    where the kernel cannot run here."""
+    if not _runs_here(y) or (kernels := _kernels()) is None:
+        return False
+    (ca, sa, ta, block_a), (cb, sb, tb, block_b) = a, b
+    ca, sa, cb, sb = ca.contiguous(), sa.contiguous(), cb.contiguous(), sb.contiguous()
+    m, n = y.shape
+    bm, bn, bk = _GEMM_TILE
+    if m and n:
+        kernels["gemm_f32"][(-(-m // bm), -(-n // bn))](
+            inexact, ca, sa, ta.to(torch.float32).contiguous(), cb, sb, tb.to(torch.float32).contiguous(), y, m, n,
+            ca.shape[-1], cb.shape[-1], max(ca.shape[-1], cb.shape[-1]), sa.shape[-1], sb.shape[-1],
+            BLOCK_A=block_a, BLOCK_B=block_b, BM=bm, BN=bn, BK=bk, num_warps=8)
+    return True
 
 
 def _fused_rotation(hadamard: Hadamard | None) -> tuple[int, float, bool] | None:
