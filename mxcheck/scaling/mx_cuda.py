@@ -62,10 +62,11 @@ def _kernels() -> dict[str, Any] | None:
         return None
 
     @triton.jit
-    def _mx_values(codes_ptr, scales_ptr, table_ptr, row, col, mask, k, scale_k, MX_BLOCK: tl.constexpr):
-        """float32 table[code] * 2**(s - 127) at (row, col), exact (MXTensor.dequantize);
-        (the code, the byte) too. Byte 0 is the subnormal 2**-127 and 255 NaN."""
-        code = tl.load(codes_ptr + row * k + col, mask=mask, other=0).to(tl.int32)
+    def _mx_values(codes_ptr, scales_ptr, table_ptr, offs, row, col, mask, scale_k, MX_BLOCK: tl.constexpr):
+        """float32 table[code] * 2**(s - 127) of the code at offs, (row, col), exact
+        (MXTensor.dequantize); (the code, the byte) too. Byte 0 is the subnormal 2**-127 and
+        255 NaN. offs is passed apart from row * k + col so contiguous loads stay vectorized."""
+        code = tl.load(codes_ptr + offs, mask=mask, other=0).to(tl.int32)
         s = tl.load(scales_ptr + row * scale_k + col // MX_BLOCK, mask=mask, other=127).to(tl.int32)
         bits = tl.where(s == 0, 1 << 22, tl.where(s == 255, 0x7FC00000, s << 23))
         return tl.load(table_ptr + code, mask=mask, other=0.0) * bits.to(tl.float32, bitcast=True), code, s
@@ -76,7 +77,7 @@ def _kernels() -> dict[str, Any] | None:
                         MAGNITUDE_MASK: tl.constexpr):
         offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         mask = offs < n
-        value, code, s = _mx_values(codes_ptr, scales_ptr, table_ptr, offs // k, offs % k, mask, k, scale_k,
+        value, code, s = _mx_values(codes_ptr, scales_ptr, table_ptr, offs, offs // k, offs % k, mask, scale_k,
                                     MX_BLOCK)
         tl.store(out_ptr + offs, value.to(tl.bfloat16), mask=mask)
         if LOWEST_BYTE > 0:  # gemm.mx_fits_bf16 on the device: a nonzero code under too small a byte
@@ -99,10 +100,10 @@ def _kernels() -> dict[str, Any] | None:
         k0 = 0
         while k0 < k:  # not range(): Triton's interpreter cannot take a runtime bound there
             rk = k0 + tl.arange(0, BK)
-            a, _, _ = _mx_values(a_ptr, sa_ptr, ta_ptr, rm[:, None], rk[None, :],
-                                 (rm[:, None] < m) & (rk[None, :] < ka), ka, sa_k, BLOCK_A)
-            b, _, _ = _mx_values(b_ptr, sb_ptr, tb_ptr, rn[:, None], rk[None, :],
-                                 (rn[:, None] < n) & (rk[None, :] < kb), kb, sb_k, BLOCK_B)
+            a, _, _ = _mx_values(a_ptr, sa_ptr, ta_ptr, rm[:, None] * ka + rk[None, :], rm[:, None], rk[None, :],
+                                 (rm[:, None] < m) & (rk[None, :] < ka), sa_k, BLOCK_A)
+            b, _, _ = _mx_values(b_ptr, sb_ptr, tb_ptr, rn[:, None] * kb + rk[None, :], rn[:, None], rk[None, :],
+                                 (rn[:, None] < n) & (rk[None, :] < kb), sb_k, BLOCK_B)
             acc = tl.dot(a, tl.trans(b), acc, input_precision="ieee")
             k0 += BK
         tl.store(y_ptr + rm[:, None] * n + rn[None, :], acc.to(y_ptr.dtype.element_ty),
@@ -125,7 +126,7 @@ def _kernels() -> dict[str, Any] | None:
                            FNUZ: tl.constexpr, NAN_CODE: tl.constexpr, RULE: tl.constexpr,
                            ROUNDING: tl.constexpr, ZERO_SCALE: tl.constexpr, SCALES_GIVEN: tl.constexpr,
                            H_SIZE: tl.constexpr, H_LOG2: tl.constexpr, H_NORM: tl.constexpr,
-                           H_INPUT_BF16: tl.constexpr, TILE_ROWS: tl.constexpr):
+                           H_INPUT_BF16: tl.constexpr, TILE_ROWS: tl.constexpr, CONTIGUOUS: tl.constexpr):
         # Block blk is (row, block column) of the (rows, C) output; codes, scales and u are
         # contiguous there. x is read through its strides: a transposed operand (stride_row
         # 1) is read in place, with a program's blocks on consecutive rows so the loads are
@@ -136,13 +137,15 @@ def _kernels() -> dict[str, Any] | None:
         blocks_per_row = n_blocks // rows
         if ROW_FASTEST:
             row, col_block = blk % rows, blk // rows
+            sblk = row * blocks_per_row + col_block
+        else:  # output block = input block: offsets the compiler sees as contiguous runs
+            row, col_block, sblk = blk // blocks_per_row, blk % blocks_per_row, blk
+        offs = sblk[:, None] * MX_BLOCK + tl.arange(0, MX_BLOCK)[None, :]
+        if CONTIGUOUS:  # so the loads are vectorized too
+            x_offs = offs
         else:
-            row, col_block = blk // blocks_per_row, blk % blocks_per_row
-        col = col_block[:, None] * MX_BLOCK + tl.arange(0, MX_BLOCK)[None, :]
-        offs = row[:, None] * (blocks_per_row * MX_BLOCK) + col
-        sblk = row * blocks_per_row + col_block
-        x = tl.load(x_ptr + row[:, None] * stride_row + col * stride_col, mask=in_range[:, None],
-                    other=0.0).to(tl.float32)
+            x_offs = row[:, None] * stride_row + (col_block[:, None] * MX_BLOCK + tl.arange(0, MX_BLOCK)[None, :]) * stride_col
+        x = tl.load(x_ptr + x_offs, mask=in_range[:, None], other=0.0).to(tl.float32)
         if H_SIZE > 1:  # hadamard._walsh_hadamard: pairs (i, i + h) of each 2h run -> (a + b, a - b)
             if H_INPUT_BF16:
                 x = x.to(tl.bfloat16, fp_downcast_rounding="rtne").to(tl.float32)
@@ -309,5 +312,6 @@ def quantize_blocks(xs: torch.Tensor, fmt: FloatFormat, *, block_size: int, scal
             BITS=fmt.bits, FNUZ=fmt.nan == "fnuz", NAN_CODE=nan_code, RULE=_RULES[scale_rule],
             ROUNDING=_ROUNDINGS[rounding], ZERO_SCALE=zero_scale, SCALES_GIVEN=scales is not None,
             H_SIZE=h_size, H_LOG2=h_size.bit_length() - 1, H_NORM=h_norm, H_INPUT_BF16=h_input_bf16,
-            TILE_ROWS=block_size if block_2d else 1, num_warps=_QUANT_WARPS)
+            TILE_ROWS=block_size if block_2d else 1, CONTIGUOUS=not row_fastest and xs.is_contiguous(),
+            num_warps=_QUANT_WARPS)
     return codes, out_scales
