@@ -20,6 +20,7 @@ CPU tensors too, in Triton's interpreter, which is how the CPU tests reach them.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from typing import Any
 
@@ -28,7 +29,7 @@ import torch
 from mxcheck.formats import FloatFormat
 from mxcheck.hadamard import Hadamard
 
-__all__ = ["dequantize_bf16", "quantize_blocks"]
+__all__ = ["dequantize_bf16", "quantize_blocks", "scaled_encode"]
 
 _cache: dict[tuple[str, bool], Any] = {}
 _BLOCK = 2048
@@ -50,116 +51,21 @@ def _runs_here(t: torch.Tensor) -> bool:
 
 
 def _kernels() -> dict[str, Any] | None:
-    # keyed by the interpreter flag: triton.jit picks the interpreter when it decorates
     key = ("kernels", _interpreted())
     if key in _cache:
         return _cache[key]
     try:
-        import triton  # noqa: PLC0415  (optional, CUDA only)
-        import triton.language as tl  # noqa: PLC0415
+        import triton  # noqa: F401, PLC0415  (optional, CUDA only)
     except ImportError:
         _cache[key] = None
         return None
-
-    @triton.jit
-    def mx_dequant_bf16(codes_ptr, scales_ptr, table_ptr, out_ptr, n, k, scale_k, MX_BLOCK: tl.constexpr,
-                        BLOCK: tl.constexpr):
-        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        mask = offs < n
-        code = tl.load(codes_ptr + offs, mask=mask, other=0).to(tl.int32)
-        value = tl.load(table_ptr + code, mask=mask, other=0.0)
-        row, col = offs // k, offs % k
-        s = tl.load(scales_ptr + row * scale_k + col // MX_BLOCK, mask=mask, other=127).to(tl.int32)
-        bits = tl.where(s == 0, 1 << 22, tl.where(s == 255, 0x7FC00000, s << 23))
-        scale = bits.to(tl.float32, bitcast=True)
-        tl.store(out_ptr + offs, (value * scale).to(tl.bfloat16), mask=mask)
-
-    @triton.jit
-    def mx_quantize_blocks(x_ptr, u_ptr, scales_ptr, codes_ptr, n_blocks, rows, stride_row, stride_col,
-                           ROW_FASTEST: tl.constexpr, MX_BLOCK: tl.constexpr, GROUPS: tl.constexpr, MBITS: tl.constexpr,
-                           EMIN: tl.constexpr, EMAX: tl.constexpr, FMAX: tl.constexpr, BITS: tl.constexpr,
-                           FNUZ: tl.constexpr, NAN_CODE: tl.constexpr, RULE: tl.constexpr,
-                           ROUNDING: tl.constexpr, ZERO_SCALE: tl.constexpr, SCALES_GIVEN: tl.constexpr,
-                           H_SIZE: tl.constexpr, H_LOG2: tl.constexpr, H_NORM: tl.constexpr,
-                           H_INPUT_BF16: tl.constexpr):
-        # Block blk is (row, block column) of the (rows, C) output; codes, scales and u are
-        # contiguous there. x is read through its strides: a transposed operand (stride_row
-        # 1) is read in place, with a program's blocks on consecutive rows so the loads are
-        # coalesced across them (ROW_FASTEST).
-        blk = tl.program_id(0).to(tl.int64) * GROUPS + tl.arange(0, GROUPS)
-        in_range = blk < n_blocks
-        blocks_per_row = n_blocks // rows
-        if ROW_FASTEST:
-            row, col_block = blk % rows, blk // rows
-        else:
-            row, col_block = blk // blocks_per_row, blk % blocks_per_row
-        col = col_block[:, None] * MX_BLOCK + tl.arange(0, MX_BLOCK)[None, :]
-        offs = row[:, None] * (blocks_per_row * MX_BLOCK) + col
-        sblk = row * blocks_per_row + col_block
-        x = tl.load(x_ptr + row[:, None] * stride_row + col * stride_col, mask=in_range[:, None],
-                    other=0.0).to(tl.float32)
-        if H_SIZE > 1:  # hadamard._walsh_hadamard: pairs (i, i + h) of each 2h run -> (a + b, a - b)
-            if H_INPUT_BF16:
-                x = x.to(tl.bfloat16, fp_downcast_rounding="rtne").to(tl.float32)
-            for i in tl.static_range(H_LOG2):
-                y = tl.permute(tl.reshape(x, (GROUPS * MX_BLOCK // (2 << i), 2, 1 << i)), (0, 2, 1))
-                a, b = tl.split(y)
-                y = tl.permute(tl.join(a + b, a - b), (0, 2, 1))
-                x = tl.reshape(y, (GROUPS, MX_BLOCK))
-            x = x * H_NORM
-        if SCALES_GIVEN:
-            s = tl.load(scales_ptr + sblk, mask=in_range, other=0).to(tl.int32)
-        else:
-            # rules.SCALE_RULES on the float32 bits of the block amax, then scale_bytes
-            amax = tl.max(tl.abs(x), axis=1)
-            has_nan = tl.max((x != x).to(tl.int32), axis=1) > 0
-            bits = amax.to(tl.int32, bitcast=True)
-            field = (bits >> 23) & 0xFF
-            if RULE == 0:  # floor
-                e = field - 127 - EMAX
-            elif RULE == 1:  # ceil
-                e = field - 127 + ((bits & 0x7FFFFF) != 0).to(tl.int32) - EMAX
-            elif RULE == 2:  # even
-                e = (((bits + (1 << (22 - MBITS))) >> 23) & 0xFF) - 127 - EMAX
-            else:  # rceil: the float32 quotient, correctly rounded through float64
-                d = (amax.to(tl.float64) / tl.full([GROUPS], FMAX, tl.float64)).to(tl.float32)
-                dbits = d.to(tl.int32, bitcast=True)
-                dfield = (dbits >> 23) & 0xFF
-                normal = dfield > 0
-                up = tl.where(normal, (dbits & 0x7FFFFF) != 0, (dbits & 0x7FFFFF) > (1 << 22))
-                e = tl.where(normal, dfield, 0) - 127 + up.to(tl.int32)
-            e = tl.minimum(tl.maximum(e, -127), 127) + 127
-            e = tl.where(amax == 0, ZERO_SCALE, e)
-            s = tl.where(has_nan, 255, e)
-            tl.store(scales_ptr + sblk, s.to(tl.uint8), mask=in_range)
-        # formats.encode_bits_float: x * 2**(127 - s), |.| clamped to max, divided by its
-        # quantum (a power-of-two multiply), rounded to an integer significand r; the code
-        # is ((E - emin) << mbits) + r. Every float32 step is exact but the first multiply.
-        inv_bits = tl.where(s < 254, (254 - s) << 23, tl.where(s == 254, 1 << 22, 0x7FC00000))
-        a = x * inv_bits.to(tl.float32, bitcast=True)[:, None]
-        negative = x.to(tl.int32, bitcast=True) < 0
-        a = tl.minimum(tl.abs(a), FMAX)
-        field = tl.maximum(a.to(tl.int32, bitcast=True) >> 23, EMIN + 127)  # E + 127, a >= 0
-        q = a * ((2 * 127 + MBITS - field) << 23).to(tl.float32, bitcast=True)  # a / 2**(E - mbits)
-        t = q.to(tl.int32)  # q >= 0: truncation is floor
-        if ROUNDING == 0:  # rne
-            frac = q - t.to(tl.float32)
-            r = t + ((frac > 0.5) | ((frac == 0.5) & ((t & 1) == 1))).to(tl.int32)
-        elif ROUNDING == 1:  # half_away
-            r = t + ((q - t.to(tl.float32)) >= 0.5).to(tl.int32)
-        elif ROUNDING == 2:  # trunc
-            r = t
-        else:  # sr: floor(q + u) in float64, exact (formats._round_int_sr)
-            u = tl.load(u_ptr + offs, mask=in_range[:, None], other=0.0)
-            r = (q.to(tl.float64) + u).to(tl.int32)
-        mag = ((field - 127 - EMIN) << MBITS) + r
-        sign = negative.to(tl.int32) << (BITS - 1)
-        if FNUZ:  # no negative zero
-            sign = tl.where(mag != 0, sign, 0)
-        code = tl.where((s == 255)[:, None], NAN_CODE, mag | sign)
-        tl.store(codes_ptr + offs, code.to(tl.uint8), mask=in_range[:, None])
-
-    _cache[key] = {"dequantize": mx_dequant_bf16, "quantize": mx_quantize_blocks}
+    # A fresh copy of the kernels' module per mode: triton.jit picks the interpreter when it
+    # decorates (the key above).
+    spec = importlib.util.find_spec("mxcheck.scaling.mx_cuda_kernels")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    _cache[key] = {"dequantize": module.mx_dequant_bf16, "quantize": module.mx_quantize_blocks,
+                   "scaled_encode": module.fp8_scaled_encode}
     return _cache[key]
 
 
@@ -226,3 +132,55 @@ def quantize_blocks(xs: torch.Tensor, fmt: FloatFormat, *, block_size: int, scal
             H_SIZE=h_size, H_LOG2=h_size.bit_length() - 1, H_NORM=h_norm, H_INPUT_BF16=h_input_bf16,
             num_warps=_QUANT_WARPS)
     return codes, out_scales
+
+
+_SCALED_ENCODE_INPUTS = {torch.float32: 32, torch.bfloat16: 16, torch.float16: 16}  # dtype -> bits
+
+
+def _scale_layout(scale: torch.Tensor, m: int, k: int, block_rows: int | None,
+                  block_cols: int | None) -> tuple[int, int, int, int]:
+    """(rows, cols, stride_r, stride_c) of the one indexing rule: x[row, col] takes the
+    scale at ``(row // rows) * stride_r + (col // cols) * stride_c`` of the contiguous
+    (M / rows, K / cols) scales; a dimension one scale spans (None) has stride 0."""
+    rows, cols = block_rows or m, block_cols or k
+    if m % rows or k % cols or scale.numel() != (m // rows) * (k // cols):
+        raise ValueError(f"scale of shape {tuple(scale.shape)} does not tile x of shape ({m}, {k}) in blocks of "
+                         f"(block_rows, block_cols)=({block_rows}, {block_cols}); expected "
+                         f"{m // rows} x {k // cols} scales")
+    return block_rows or 1, block_cols or 1, k // cols if block_rows else 0, 1 if block_cols else 0
+
+
+def scaled_encode(x: torch.Tensor, scale: torch.Tensor, fmt: FloatFormat, block_rows: int | None,
+                  block_cols: int | None) -> torch.Tensor | None:
+    """uint8 codes of ``float32(x) * scale`` (one float32 multiply), RNE and saturating, as
+    ``fp8._encode_scaled`` computes them, or None where the kernel cannot run (the caller
+    then takes the torch path). x: float32, bf16 or fp16, (M, K) with a scale per
+    ``(block_rows, block_cols)`` block (None: the whole dimension), or any shape with both
+    None. scale: float32 >= 0 (every FP8 scale formula's), on x's device, or one value on the
+    CPU (DelayedScaling's), passed to the kernel by value. Formats: signed, <= 8 bits."""
+    if (not _runs_here(x) or x.dtype not in _SCALED_ENCODE_INPUTS or scale.dtype != torch.float32
+            or not fmt.signed or fmt.bits > 8 or (kernels := _kernels()) is None):
+        return None
+    if block_rows is None and block_cols is None:
+        x2 = x.reshape(1, -1)
+    elif x.dim() == 2:
+        x2 = x
+    else:
+        raise ValueError(f"x of shape {tuple(x.shape)}: a scale per (block_rows, block_cols) block needs a 2D x")
+    x2 = x2.contiguous()
+    m, k = x2.shape
+    rows, cols, stride_r, stride_c = _scale_layout(scale, m, k, block_rows, block_cols)
+    codes = torch.empty(x.shape, dtype=torch.uint8, device=x.device)
+    n = x2.numel()
+    if not n:
+        return codes
+    # One scale on the host goes by value (a float32, exact as a Python float): no copy, no sync.
+    on_host = scale.device.type == "cpu" and scale.numel() == 1
+    mode = 0 if on_host else 1 if scale.numel() == 1 else 2
+    kernels["scaled_encode"][((n + _BLOCK - 1) // _BLOCK,)](
+        x2, x2 if on_host else scale.to(x.device).contiguous(), float(scale) if on_host else 0.0, codes, n, k, stride_r, stride_c,
+        SCALE=mode, ROWS=rows, COLS=cols, SRC_BITS=_SCALED_ENCODE_INPUTS[x.dtype], MBITS=fmt.mbits,
+        EMIN=fmt.emin, FMAX=fmt.max, BITS=fmt.bits, FNUZ=fmt.nan == "fnuz",
+        NAN_CODE=0 if fmt.nan_code is None else fmt.nan_code, NAN_SIGNED=fmt.nan in ("ocp", "ieee"),
+        BLOCK=_BLOCK)
+    return codes
