@@ -2,7 +2,10 @@
 
 A scale multiplies the input before the cast (``codes = fp8(x * scale)``, RNE, saturating
 as TransformerEngine's ``satfinite`` casts); ``scale_inv = 1 / scale`` in float32 is the
-dequantization multiplier stored beside the codes. The scale formulas are a table:
+dequantization multiplier stored beside the codes. On CUDA that encode is one fused Triton
+pass with the same bits (``mx_cuda.scaled_encode``, held to the torch path by
+tests/test_fp8_fused.py); the scale and amax are torch's either way. The scale formulas are
+a table:
 
 - ``"te"``: TransformerEngine ``compute_scale_from_amax``
   (transformer_engine/common/recipe/recipe_common.cuh, stored version 01c24fe): amax below

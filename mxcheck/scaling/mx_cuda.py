@@ -1,12 +1,16 @@
-"""Fused MX kernels for CUDA with Triton: quantize in one pass, dequantize to bf16 in one.
+"""Fused kernels for CUDA with Triton: MX quantize in one pass, MX dequantize to bf16 in
+one, and the FP8 scaled encode in one.
 
-They are fast paths of the pure-PyTorch oracle in ``mxcheck.scaling.mx``, not a second
-definition: the same integer and power-of-two float32 arithmetic, so the same bits, and
-``tests/test_mx_fused.py`` compares them with the torch path on every code, tie and scale
-byte. Each returns None where it cannot run (no Triton, not CUDA, a case it does not
-take), and the caller then uses the torch path. ``MXCHECK_FUSED_MX=0`` turns both off
-(an A/B switch for benchmarks and for bisecting). Under ``TRITON_INTERPRET=1`` they run on
-CPU tensors too, in Triton's interpreter, which is how the CPU tests reach them.
+They are fast paths of the pure-PyTorch oracles in ``mxcheck.scaling.mx`` and
+``mxcheck.scaling.fp8``, not a second definition: the same integer and float32 arithmetic,
+so the same bits; ``tests/test_mx_fused.py`` and ``tests/test_fp8_fused.py`` compare them
+with the torch paths on every code, tie, scale byte and special value. Each returns None
+where it cannot run (no Triton, not CUDA, a case it does not take), and the caller then uses
+the torch path. ``MXCHECK_FUSED_MX=0`` turns them all off (an A/B switch for benchmarks and
+for bisecting). Under ``TRITON_INTERPRET=1`` they run on CPU tensors too, in Triton's
+interpreter, which is how the CPU tests reach them. The kernels are in
+``mx_cuda_kernels.py``; both quantizers encode their elements with its one ``encode_scaled``
+(``formats.encode_bits_float``: clamp, exponent field, quantum multiply, rounding, sign).
 
 - ``dequantize_bf16``: the torch path (``MXTensor.dequantize``) makes several full-size
   passes (index cast, table gather, scale broadcast, multiply); this kernel reads each code
@@ -16,6 +20,14 @@ CPU tensors too, in Triton's interpreter, which is how the CPU tests reach them.
   once (and its SR uniform) and writes its code, and each block's scale byte. The rotation
   is the same radix-2 butterfly in float32 as ``mxcheck.hadamard`` (the same sums in the
   same order, then one multiply by the norm), so its values are the same bits.
+- ``scaled_encode``: FP8's ``codes = fp8(float32(x) * scale)`` (RNE, saturating; the scale
+  and amax stay torch's). The torch path makes about four full-size float32 passes (widen,
+  multiply, clamp, cast); this kernel reads each element and its scale once and writes its
+  code. One indexing rule serves every granularity (tensor, row, 1x128, 128x128): the scale
+  of (row // R, col // C), stride 0 along a dimension one scale spans. A NaN keeps its sign
+  (sign | nan_code; fnuz: nan_code), read from x's own bits; a NaN the multiply makes (Inf
+  times primus_turbo's zero scale for an Inf amax) is negative, as the torch path's x86
+  multiply makes it.
 """
 
 from __future__ import annotations
@@ -134,7 +146,7 @@ def quantize_blocks(xs: torch.Tensor, fmt: FloatFormat, *, block_size: int, scal
     return codes, out_scales
 
 
-_SCALED_ENCODE_INPUTS = {torch.float32: 32, torch.bfloat16: 16, torch.float16: 16}  # dtype -> bits
+_SCALED_ENCODE_INPUTS = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def _scale_layout(scale: torch.Tensor, m: int, k: int, block_rows: int | None,
@@ -179,8 +191,8 @@ def scaled_encode(x: torch.Tensor, scale: torch.Tensor, fmt: FloatFormat, block_
     mode = 0 if on_host else 1 if scale.numel() == 1 else 2
     kernels["scaled_encode"][((n + _BLOCK - 1) // _BLOCK,)](
         x2, x2 if on_host else scale.to(x.device).contiguous(), float(scale) if on_host else 0.0, codes, n, k, stride_r, stride_c,
-        SCALE=mode, ROWS=rows, COLS=cols, SRC_BITS=_SCALED_ENCODE_INPUTS[x.dtype], MBITS=fmt.mbits,
+        SCALE=mode, ROWS=rows, COLS=cols, MBITS=fmt.mbits,
         EMIN=fmt.emin, FMAX=fmt.max, BITS=fmt.bits, FNUZ=fmt.nan == "fnuz",
         NAN_CODE=0 if fmt.nan_code is None else fmt.nan_code, NAN_SIGNED=fmt.nan in ("ocp", "ieee"),
-        BLOCK=_BLOCK)
+        WIDE=n + _BLOCK >= 2**31, BLOCK=_BLOCK)
     return codes

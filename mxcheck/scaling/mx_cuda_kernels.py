@@ -126,14 +126,18 @@ def mx_quantize_blocks(x_ptr, u_ptr, scales_ptr, codes_ptr, n_blocks, rows, stri
 
 @triton.jit
 def fp8_scaled_encode(x_ptr, scale_ptr, scale_value, codes_ptr, n, k, stride_r, stride_c,
-                      SCALE: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr, SRC_BITS: tl.constexpr,
+                      SCALE: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr,
                       MBITS: tl.constexpr, EMIN: tl.constexpr, FMAX: tl.constexpr, BITS: tl.constexpr,
                       FNUZ: tl.constexpr, NAN_CODE: tl.constexpr, NAN_SIGNED: tl.constexpr,
-                      BLOCK: tl.constexpr):
+                      WIDE: tl.constexpr, BLOCK: tl.constexpr):
     # x is (n / k, k), contiguous. SCALE: 0 the value scale_value (a scale held on the host),
     # 1 the one float32 at scale_ptr, 2 the scale of (row // ROWS, col // COLS) at those
-    # strides (0 along a dimension one scale spans).
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    # strides (0 along a dimension one scale spans). Offsets are int64 only where n needs
+    # them (WIDE): an int64 division by k costs several times the memory traffic.
+    pid = tl.program_id(0)
+    if WIDE:
+        pid = pid.to(tl.int64)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     raw = tl.load(x_ptr + offs, mask=mask, other=0.0)
     x = raw.to(tl.float32)
@@ -146,10 +150,11 @@ def fp8_scaled_encode(x_ptr, scale_ptr, scale_value, codes_ptr, n, k, stride_r, 
         scale = tl.load(scale_ptr + (row // ROWS) * stride_r + (col // COLS) * stride_c, mask=mask, other=1.0)
     code, is_nan = encode_scaled(x, scale, 0.0, MBITS, EMIN, FMAX, BITS, FNUZ, 0)
     if NAN_SIGNED:
-        # A NaN x keeps its sign, read from its own bits (as formats.encode: whatever a
-        # widening does to it); a NaN the multiply makes (Inf * 0) is negative, as the torch
-        # path's x86 multiply gives it (the default NaN, 0xFFC00000).
-        if SRC_BITS == 16:
+        # A NaN x keeps its sign, read from its own bits (as formats.encode; a widening
+        # may drop it). A NaN the multiply makes (Inf * 0) is negative, as the torch path's
+        # multiply on an x86 CPU makes it (its default NaN is 0xFFC00000; an aarch64 CPU's
+        # is positive, and there the torch path gives the positive code).
+        if raw.dtype.primitive_bitwidth == 16:
             x_negative = raw.to(tl.int16, bitcast=True) < 0
         else:
             x_negative = raw.to(tl.int32, bitcast=True) < 0
