@@ -317,3 +317,11 @@ def test_fused_scaled_encode_rejects_scales_that_do_not_tile_x():
     x = torch.ones(256, 256)
     with pytest.raises(ValueError, match=r"scale of shape \(2, 3\) does not tile x of shape \(256, 256\)"):
         mx_cuda.scaled_encode(x, torch.ones(2, 3), get_format("e4m3"), 128, 128)
+
+
+@pytest.mark.emulated
+@pytest.mark.usefixtures("interpreted")
+@pytest.mark.parametrize("shape", [(0,), (0, 128), (3, 0)])
+def test_fused_scaled_encode_in_the_interpreter_of_an_empty_tensor_is_empty(shape):
+    got = mx_cuda.scaled_encode(torch.empty(shape), torch.tensor(1.0), get_format("e4m3"), None, None)
+    assert got is not None and got.dtype == torch.uint8 and got.shape == shape

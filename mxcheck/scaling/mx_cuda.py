@@ -179,13 +179,13 @@ def scaled_encode(x: torch.Tensor, scale: torch.Tensor, fmt: FloatFormat, block_
         x2 = x
     else:
         raise ValueError(f"x of shape {tuple(x.shape)}: a scale per (block_rows, block_cols) block needs a 2D x")
+    codes = torch.empty(x.shape, dtype=torch.uint8, device=x.device)
+    n = x.numel()
+    if not n:
+        return codes
     x2 = x2.contiguous()
     m, k = x2.shape
     rows, cols, stride_r, stride_c = _scale_layout(scale, m, k, block_rows, block_cols)
-    codes = torch.empty(x.shape, dtype=torch.uint8, device=x.device)
-    n = x2.numel()
-    if not n:
-        return codes
     # One scale on the host goes by value (a float32, exact as a Python float): no copy, no sync.
     on_host = scale.device.type == "cpu" and scale.numel() == 1
     mode = 0 if on_host else 1 if scale.numel() == 1 else 2
