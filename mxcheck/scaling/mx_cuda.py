@@ -186,13 +186,14 @@ def scaled_encode(x: torch.Tensor, scale: torch.Tensor, fmt: FloatFormat, block_
     x2 = x2.contiguous()
     m, k = x2.shape
     rows, cols, stride_r, stride_c = _scale_layout(scale, m, k, block_rows, block_cols)
-    # One scale on the host goes by value (a float32, exact as a Python float): no copy, no sync.
+    # One scale on the host goes by value (a float32, exact as a Python float): no copy, no
+    # sync; x stands in for the pointer the kernel then does not read.
     on_host = scale.device.type == "cpu" and scale.numel() == 1
     mode = 0 if on_host else 1 if scale.numel() == 1 else 2
+    scale_ptr = x2 if on_host else scale.to(x.device).contiguous()
     kernels["scaled_encode"][((n + _BLOCK - 1) // _BLOCK,)](
-        x2, x2 if on_host else scale.to(x.device).contiguous(), float(scale) if on_host else 0.0, codes, n, k, stride_r, stride_c,
-        SCALE=mode, ROWS=rows, COLS=cols, MBITS=fmt.mbits,
-        EMIN=fmt.emin, FMAX=fmt.max, BITS=fmt.bits, FNUZ=fmt.nan == "fnuz",
-        NAN_CODE=0 if fmt.nan_code is None else fmt.nan_code, NAN_SIGNED=fmt.nan in ("ocp", "ieee"),
-        WIDE=n + _BLOCK >= 2**31, BLOCK=_BLOCK)
+        x2, scale_ptr, float(scale) if on_host else 0.0, codes, n, k, stride_r, stride_c,
+        SCALE=mode, ROWS=rows, COLS=cols, MBITS=fmt.mbits, EMIN=fmt.emin, FMAX=fmt.max, BITS=fmt.bits,
+        FNUZ=fmt.nan == "fnuz", NAN_CODE=0 if fmt.nan_code is None else fmt.nan_code,
+        NAN_SIGNED=fmt.nan in ("ocp", "ieee"), WIDE=n + _BLOCK >= 2**31, BLOCK=_BLOCK)
     return codes
