@@ -96,9 +96,10 @@ def special_tiles(fmt: str, gen: torch.Generator) -> dict[str, torch.Tensor]:
 def fp8_inputs(fmt: str, gen: torch.Generator, dtype: torch.dtype = torch.float32, *,
                all_bf16: bool = True) -> dict[str, torch.Tensor]:
     """(M, K) inputs in dtype, M a multiple of 128, each quantized on its own (a whole-tensor
-    scale sees one of them): ``ties`` (tie_tiles), ``normal`` and ``varied`` (test_mx's
-    varied_blocks) with scales that are not powers of two, so the float32 multiply rounds, ``infinities`` and
-    ``nans`` (special_tiles) and ``bf16`` (every bf16 bit pattern, in order and shuffled)."""
+    scale sees one of them): ``ties`` (tie_tiles); ``normal`` and ``varied`` (test_mx's
+    varied_blocks), whose scales are not powers of two, so the float32 multiply rounds;
+    ``infinities`` and ``nans`` (special_tiles); ``bf16``, every bf16 bit pattern, in order
+    and shuffled."""
     inputs = {"ties": tie_tiles(fmt, gen, dtype), "normal": torch.randn(256, K, generator=gen) * 3,
               "varied": _tiles(varied_blocks(gen).reshape(-1, K)), **special_tiles(fmt, gen)}
     if all_bf16:
@@ -140,30 +141,39 @@ def midpoints(fmt: str) -> torch.Tensor:
 
 
 @pytest.mark.emulated
-@pytest.mark.parametrize("granularity", FP8_GRANULARITIES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
 @pytest.mark.parametrize("fmt", FP8_FORMATS)
-def test_fp8_fused_inputs_hit_ties_and_specials(fmt, granularity, gen):
+def test_fp8_fused_inputs_hit_every_tie(fmt, dtype, gen):
     """The premise of the equivalence tests: x * scale lands exactly on every midpoint of the
-    format (every RNE tie), of both signs, for every scale formula, and on ties many times;
-    and the inputs hold NaN, Inf and zeros of both signs, subnormals, products beyond max, and
-    (primus_turbo) a zero scale."""
-    x = fp8_inputs(fmt, gen, all_bf16=False)
-    mids = midpoints(fmt)
-    for formula in FORMULAS:
-        a = scaled_products(x["ties"], fmt, granularity, formula)
-        assert bool(torch.isin(mids, a).all() and torch.isin(-mids, a).all()), formula
-        ties = int(torch.isin(a.abs(), mids).sum())
-        assert ties > 1000, (formula, ties)
+    format (every RNE tie), of both signs, for every granularity, scale formula and input
+    dtype, and on ties many times."""
+    x = tie_tiles(fmt, gen, dtype)
+    mids = torch.cat([-midpoints(fmt).flip(0), midpoints(fmt)])  # ascending
+    for granularity in FP8_GRANULARITIES:
+        for formula in FORMULAS:
+            a = scaled_products(x, fmt, granularity, formula).flatten()
+            ties = a[mids[torch.searchsorted(mids, a).clamp(max=mids.numel() - 1)] == a]
+            assert bool(torch.isin(mids, ties).all()), (granularity, formula)
+            assert ties.numel() > 1000, (granularity, formula, ties.numel())
+
+
+@pytest.mark.emulated
+@pytest.mark.parametrize("fmt", FP8_FORMATS)
+def test_fp8_fused_inputs_hold_the_special_values(fmt, gen):
+    """And they hold NaN, Inf and zeros of both signs, subnormals, products beyond max (te),
+    and a zero scale (primus_turbo's for an Inf amax: Inf * 0 is NaN), for every granularity."""
+    x = special_tiles(fmt, gen)
     specials = torch.cat([x["infinities"], x["nans"]])
     bits = specials.view(torch.int32)
     for pattern in (0x7FC00000, -0x00400000, 0x7F800000, -0x00800000, 0, -0x80000000):  # +-NaN, +-Inf, +-0
         assert bool((bits == pattern).any()), hex(pattern)
     assert bool(((specials != 0) & (specials.abs() < torch.finfo(torch.float32).tiny)).any())
-    for name in ("infinities", "nans"):
-        a = scaled_products(x[name], fmt, granularity, "te")
-        assert bool(((a.abs() > get_format(fmt).max) & a.isfinite()).any()), name
-    q = mxcheck.fp8_quantize(x["infinities"], fmt, granularity=granularity, scale_formula="primus_turbo")
-    assert bool((q.scale == 0).any())  # Inf * 0
+    for granularity in FP8_GRANULARITIES:
+        for name in ("infinities", "nans"):
+            a = scaled_products(x[name], fmt, granularity, "te")
+            assert bool(((a.abs() > get_format(fmt).max) & a.isfinite()).any()), (granularity, name)
+        q = mxcheck.fp8_quantize(x["infinities"], fmt, granularity=granularity, scale_formula="primus_turbo")
+        assert bool((q.scale == 0).any()), granularity
 
 
 @pytest.mark.emulated
