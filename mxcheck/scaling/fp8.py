@@ -2,7 +2,10 @@
 
 A scale multiplies the input before the cast (``codes = fp8(x * scale)``, RNE, saturating
 as TransformerEngine's ``satfinite`` casts); ``scale_inv = 1 / scale`` in float32 is the
-dequantization multiplier stored beside the codes. The scale formulas are a table:
+dequantization multiplier stored beside the codes. On CUDA that encode is one fused Triton
+pass with the same bits (``mx_cuda.scaled_encode``, held to the torch path by
+tests/test_fp8_fused.py); the scale and amax are torch's either way. The scale formulas are
+a table:
 
 - ``"te"``: TransformerEngine ``compute_scale_from_amax``
   (transformer_engine/common/recipe/recipe_common.cuh, stored version 01c24fe): amax below
@@ -38,6 +41,7 @@ from mxcheck.formats import (
     get_format,
 )
 from mxcheck.scaling.blocks import block_amax, by_row_chunks, check_tiles, per_row
+from mxcheck.scaling.mx_cuda import scaled_encode
 
 __all__ = [
     "FP8_FORMATS",
@@ -211,9 +215,21 @@ def _amax(x: torch.Tensor, granularity: str) -> torch.Tensor:
 def _encode_scaled(x: torch.Tensor, scale: torch.Tensor, fmt: FloatFormat, g: Granularity) -> torch.Tensor:
     # x * scale is one float32 multiply (TE: `static_cast<float>(x) * scale`), then RNE with
     # saturation, which is cvt.rn.satfinite and equals clamp(+-max) followed by the cast.
-    # A float16 x is widened first, as TE reads it (the float32 NaN it gives carries no sign).
+    # A NaN x keeps its sign (sign | nan_code, as encode): torch's CPU float16 -> float32
+    # cast keeps it in its vector lanes but drops it in a run's scalar tail (0x7FFFFFFF), so
+    # for float16 it is put back from x's own bits. A NaN the multiply makes (Inf * a zero
+    # scale) is the CPU's default NaN (negative on x86).
+    # On CUDA one fused Triton pass gives the same codes (mx_cuda.scaled_encode).
+    fused = scaled_encode(x, scale, fmt, g.rows, g.cols)
+    if fused is not None:
+        return fused
+    signed_nan = x.dtype == torch.float16 and fmt.nan in ("ocp", "ieee")
+
     def encode(xc: torch.Tensor, sc: torch.Tensor) -> torch.Tensor:
-        return encode_bits(xc.to(torch.float32) * sc, fmt, "rne", True)
+        code = encode_bits(xc.to(torch.float32) * sc, fmt, "rne", True)
+        if signed_nan:
+            code |= (torch.isnan(xc) & torch.signbit(xc)).to(torch.uint8) << (fmt.bits - 1)
+        return code
 
     return _blockwise(encode, x, scale, g)
 

@@ -1,25 +1,42 @@
-"""Fused MX kernels for CUDA with Triton: quantize in one pass, dequantize to bf16 in one.
+"""Fused kernels for CUDA with Triton: MX quantize in one pass, MX dequantize to bf16 in
+one, and the FP8 scaled encode in one.
 
-They are fast paths of the pure-PyTorch oracle in ``mxcheck.scaling.mx``, not a second
-definition: the same integer and power-of-two float32 arithmetic, so the same bits, and
-``tests/test_mx_fused.py`` compares them with the torch path on every code, tie and scale
-byte. Each returns None where it cannot run (no Triton, not CUDA, a case it does not
-take), and the caller then uses the torch path. ``MXCHECK_FUSED_MX=0`` turns both off
-(an A/B switch for benchmarks and for bisecting). Under ``TRITON_INTERPRET=1`` they run on
-CPU tensors too, in Triton's interpreter, which is how the CPU tests reach them.
+They are fast paths of the pure-PyTorch oracles in ``mxcheck.scaling.mx`` and
+``mxcheck.scaling.fp8``, not a second definition: the same integer and float32 arithmetic,
+so the same bits; ``tests/test_mx_fused.py`` and ``tests/test_fp8_fused.py`` compare them
+with the torch paths on every code, tie, scale byte and special value. Each returns None
+where it cannot run (no Triton, not CUDA, a case it does not take), and the caller then uses
+the torch path. ``MXCHECK_FUSED_MX=0`` turns them all off (an A/B switch for benchmarks and
+for bisecting). Under ``TRITON_INTERPRET=1`` they run on CPU tensors too, in Triton's
+interpreter, which is how the CPU tests reach them. The kernels are in
+``mx_cuda_kernels.py``; both quantizers encode their elements with its one ``encode_scaled``
+(``formats.encode_bits_float``: clamp, exponent field, quantum multiply, rounding, sign).
 
 - ``dequantize_bf16``: the torch path (``MXTensor.dequantize``) makes several full-size
   passes (index cast, table gather, scale broadcast, multiply); this kernel reads each code
-  and its block's E8M0 byte once and writes the bf16 value once.
+  and its block's E8M0 byte once and writes the bf16 value once. It can also flag, on the
+  device, a value bf16 cannot hold (``gemm.mx_fits_bf16``'s rule), and
+  ``gemm_f32_where_inexact`` then redoes the GEMM from the exact float32 values: the
+  emulated MX GEMM picks its path with no host read.
 - ``quantize_blocks``: the torch path makes about twenty full-size passes (Hadamard
   butterflies, amax, the scale rule, the element encode); this kernel reads each element
-  once (and its SR uniform) and writes its code, and each block's scale byte. The rotation
+  once (and its SR uniform) and writes its code, and each block's scale byte (2D tiles
+  take the max of their rows' block maxima in the kernel too). The rotation
   is the same radix-2 butterfly in float32 as ``mxcheck.hadamard`` (the same sums in the
   same order, then one multiply by the norm), so its values are the same bits.
+- ``scaled_encode``: FP8's ``codes = fp8(float32(x) * scale)`` (RNE, saturating; the scale
+  and amax stay torch's). The torch path makes about four full-size float32 passes (widen,
+  multiply, clamp, cast); this kernel reads each element and its scale once and writes its
+  code. One indexing rule serves every granularity (tensor, row, 1x128, 128x128): the scale
+  of (row // R, col // C), stride 0 along a dimension one scale spans. A NaN keeps its sign
+  (sign | nan_code; fnuz: nan_code), read from x's own bits; a NaN the multiply makes (Inf
+  times primus_turbo's zero scale for an Inf amax) is negative, as the torch path's x86
+  multiply makes it.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from typing import Any
 
@@ -28,7 +45,7 @@ import torch
 from mxcheck.formats import FloatFormat
 from mxcheck.hadamard import Hadamard
 
-__all__ = ["dequantize_bf16", "gemm_f32_where_inexact", "quantize_blocks"]
+__all__ = ["dequantize_bf16", "gemm_f32_where_inexact", "quantize_blocks", "scaled_encode"]
 
 _cache: dict[tuple[str, bool], Any] = {}
 _BLOCK = 2048
@@ -50,169 +67,21 @@ def _runs_here(t: torch.Tensor) -> bool:
 
 
 def _kernels() -> dict[str, Any] | None:
-    # keyed by the interpreter flag: triton.jit picks the interpreter when it decorates
     key = ("kernels", _interpreted())
     if key in _cache:
         return _cache[key]
     try:
-        import triton  # noqa: PLC0415  (optional, CUDA only)
-        import triton.language as tl  # noqa: PLC0415
+        import triton  # noqa: F401, PLC0415  (optional, CUDA only)
     except ImportError:
         _cache[key] = None
         return None
-
-    @triton.jit
-    def _mx_values(codes_ptr, scales_ptr, table_ptr, offs, row, col, mask, scale_k, MX_BLOCK: tl.constexpr):
-        """float32 table[code] * 2**(s - 127) of the code at offs, (row, col), exact
-        (MXTensor.dequantize); (the code, the byte) too. Byte 0 is the subnormal 2**-127 and
-        255 NaN. offs is passed apart from row * k + col so contiguous loads stay vectorized."""
-        code = tl.load(codes_ptr + offs, mask=mask, other=0).to(tl.int32)
-        s = tl.load(scales_ptr + row * scale_k + col // MX_BLOCK, mask=mask, other=127).to(tl.int32)
-        bits = tl.where(s == 0, 1 << 22, tl.where(s == 255, 0x7FC00000, s << 23))
-        return tl.load(table_ptr + code, mask=mask, other=0.0) * bits.to(tl.float32, bitcast=True), code, s
-
-    @triton.jit
-    def mx_dequant_bf16(codes_ptr, scales_ptr, table_ptr, out_ptr, inexact_ptr, n, k, scale_k,
-                        MX_BLOCK: tl.constexpr, BLOCK: tl.constexpr, LOWEST_BYTE: tl.constexpr,
-                        MAGNITUDE_MASK: tl.constexpr):
-        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        mask = offs < n
-        value, code, s = _mx_values(codes_ptr, scales_ptr, table_ptr, offs, offs // k, offs % k, mask, scale_k,
-                                    MX_BLOCK)
-        tl.store(out_ptr + offs, value.to(tl.bfloat16), mask=mask)
-        if LOWEST_BYTE > 0:  # gemm.mx_fits_bf16 on the device: a nonzero code under too small a byte
-            inexact = tl.max((mask & (s < LOWEST_BYTE) & ((code & MAGNITUDE_MASK) != 0)).to(tl.int32))
-            if inexact > 0:
-                tl.atomic_max(inexact_ptr, inexact)
-
-    @triton.jit
-    def mx_gemm_f32_where_inexact(inexact_ptr, a_ptr, sa_ptr, ta_ptr, b_ptr, sb_ptr, tb_ptr, y_ptr, m, n,
-                                  ka, kb, k, sa_k, sb_k, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr,
-                                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
-        # y = A @ B^T from the exact float32 values, float32 accumulation (FMA, no TF32),
-        # written over the bf16 GEMM's y; a no-op unless a dequantization flagged a value
-        # bf16 cannot hold. One output tile per program.
-        if tl.load(inexact_ptr) == 0:
-            return
-        rm = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)
-        rn = tl.program_id(1).to(tl.int64) * BN + tl.arange(0, BN)
-        acc = tl.zeros((BM, BN), dtype=tl.float32)
-        k0 = 0
-        while k0 < k:  # not range(): Triton's interpreter cannot take a runtime bound there
-            rk = k0 + tl.arange(0, BK)
-            a, _, _ = _mx_values(a_ptr, sa_ptr, ta_ptr, rm[:, None] * ka + rk[None, :], rm[:, None], rk[None, :],
-                                 (rm[:, None] < m) & (rk[None, :] < ka), sa_k, BLOCK_A)
-            b, _, _ = _mx_values(b_ptr, sb_ptr, tb_ptr, rn[:, None] * kb + rk[None, :], rn[:, None], rk[None, :],
-                                 (rn[:, None] < n) & (rk[None, :] < kb), sb_k, BLOCK_B)
-            acc = tl.dot(a, tl.trans(b), acc, input_precision="ieee")
-            k0 += BK
-        tl.store(y_ptr + rm[:, None] * n + rn[None, :], acc.to(y_ptr.dtype.element_ty),
-                 mask=(rm[:, None] < m) & (rn[None, :] < n))
-
-    @triton.jit
-    def _tile_max(v, GROUPS: tl.constexpr, TILE_ROWS: tl.constexpr):
-        """Each run of TILE_ROWS values replaced by its max."""
-        m = tl.max(tl.reshape(v, (GROUPS // TILE_ROWS, TILE_ROWS)), axis=1)
-        return tl.reshape(tl.broadcast_to(m[:, None], (GROUPS // TILE_ROWS, TILE_ROWS)), (GROUPS,))
-
-    # Triton's interpreter runs a kernel's source in its module's globals, not in this
-    # closure: the helpers a kernel calls are found there.
-    globals().update(_tile_max=_tile_max, _mx_values=_mx_values)
-
-    @triton.jit
-    def mx_quantize_blocks(x_ptr, u_ptr, scales_ptr, codes_ptr, n_blocks, rows, stride_row, stride_col,
-                           ROW_FASTEST: tl.constexpr, MX_BLOCK: tl.constexpr, GROUPS: tl.constexpr, MBITS: tl.constexpr,
-                           EMIN: tl.constexpr, EMAX: tl.constexpr, FMAX: tl.constexpr, BITS: tl.constexpr,
-                           FNUZ: tl.constexpr, NAN_CODE: tl.constexpr, RULE: tl.constexpr,
-                           ROUNDING: tl.constexpr, ZERO_SCALE: tl.constexpr, SCALES_GIVEN: tl.constexpr,
-                           H_SIZE: tl.constexpr, H_LOG2: tl.constexpr, H_NORM: tl.constexpr,
-                           H_INPUT_BF16: tl.constexpr, TILE_ROWS: tl.constexpr, CONTIGUOUS: tl.constexpr):
-        # Block blk is (row, block column) of the (rows, C) output; codes, scales and u are
-        # contiguous there. x is read through its strides: a transposed operand (stride_row
-        # 1) is read in place, with a program's blocks on consecutive rows so the loads are
-        # coalesced across them (ROW_FASTEST). 2D tiles (TILE_ROWS > 1, ROW_FASTEST) are
-        # TILE_ROWS consecutive blocks of a program, which share their amax.
-        blk = tl.program_id(0).to(tl.int64) * GROUPS + tl.arange(0, GROUPS)
-        in_range = blk < n_blocks
-        blocks_per_row = n_blocks // rows
-        if ROW_FASTEST:
-            row, col_block = blk % rows, blk // rows
-            sblk = row * blocks_per_row + col_block
-        else:  # output block = input block: offsets the compiler sees as contiguous runs
-            row, col_block, sblk = blk // blocks_per_row, blk % blocks_per_row, blk
-        offs = sblk[:, None] * MX_BLOCK + tl.arange(0, MX_BLOCK)[None, :]
-        if CONTIGUOUS:  # so the loads are vectorized too
-            x_offs = offs
-        else:
-            x_offs = row[:, None] * stride_row + (col_block[:, None] * MX_BLOCK + tl.arange(0, MX_BLOCK)[None, :]) * stride_col
-        x = tl.load(x_ptr + x_offs, mask=in_range[:, None], other=0.0).to(tl.float32)
-        if H_SIZE > 1:  # hadamard._walsh_hadamard: pairs (i, i + h) of each 2h run -> (a + b, a - b)
-            if H_INPUT_BF16:
-                x = x.to(tl.bfloat16, fp_downcast_rounding="rtne").to(tl.float32)
-            for i in tl.static_range(H_LOG2):
-                y = tl.permute(tl.reshape(x, (GROUPS * MX_BLOCK // (2 << i), 2, 1 << i)), (0, 2, 1))
-                a, b = tl.split(y)
-                y = tl.permute(tl.join(a + b, a - b), (0, 2, 1))
-                x = tl.reshape(y, (GROUPS, MX_BLOCK))
-            x = x * H_NORM
-        if SCALES_GIVEN:
-            s = tl.load(scales_ptr + sblk, mask=in_range, other=0).to(tl.int32)
-        else:
-            # rules.SCALE_RULES on the float32 bits of the block amax, then scale_bytes
-            amax = tl.max(tl.abs(x), axis=1)
-            has_nan = tl.max((x != x).to(tl.int32), axis=1)
-            if TILE_ROWS > 1:  # blocks.block_amax over the tile: the max of its rows' maxima
-                amax = _tile_max(amax, GROUPS, TILE_ROWS)
-                has_nan = _tile_max(has_nan, GROUPS, TILE_ROWS)
-            has_nan = has_nan > 0
-            bits = amax.to(tl.int32, bitcast=True)
-            field = (bits >> 23) & 0xFF
-            if RULE == 0:  # floor
-                e = field - 127 - EMAX
-            elif RULE == 1:  # ceil
-                e = field - 127 + ((bits & 0x7FFFFF) != 0).to(tl.int32) - EMAX
-            elif RULE == 2:  # even
-                e = (((bits + (1 << (22 - MBITS))) >> 23) & 0xFF) - 127 - EMAX
-            else:  # rceil: the float32 quotient, correctly rounded through float64
-                d = (amax.to(tl.float64) / tl.full([GROUPS], FMAX, tl.float64)).to(tl.float32)
-                dbits = d.to(tl.int32, bitcast=True)
-                dfield = (dbits >> 23) & 0xFF
-                normal = dfield > 0
-                up = tl.where(normal, (dbits & 0x7FFFFF) != 0, (dbits & 0x7FFFFF) > (1 << 22))
-                e = tl.where(normal, dfield, 0) - 127 + up.to(tl.int32)
-            e = tl.minimum(tl.maximum(e, -127), 127) + 127
-            e = tl.where(amax == 0, ZERO_SCALE, e)
-            s = tl.where(has_nan, 255, e)
-            tl.store(scales_ptr + sblk, s.to(tl.uint8), mask=in_range)
-        # formats.encode_bits_float: x * 2**(127 - s), |.| clamped to max, divided by its
-        # quantum (a power-of-two multiply), rounded to an integer significand r; the code
-        # is ((E - emin) << mbits) + r. Every float32 step is exact but the first multiply.
-        inv_bits = tl.where(s < 254, (254 - s) << 23, tl.where(s == 254, 1 << 22, 0x7FC00000))
-        a = x * inv_bits.to(tl.float32, bitcast=True)[:, None]
-        negative = x.to(tl.int32, bitcast=True) < 0
-        a = tl.minimum(tl.abs(a), FMAX)
-        field = tl.maximum(a.to(tl.int32, bitcast=True) >> 23, EMIN + 127)  # E + 127, a >= 0
-        q = a * ((2 * 127 + MBITS - field) << 23).to(tl.float32, bitcast=True)  # a / 2**(E - mbits)
-        t = q.to(tl.int32)  # q >= 0: truncation is floor
-        if ROUNDING == 0:  # rne
-            frac = q - t.to(tl.float32)
-            r = t + ((frac > 0.5) | ((frac == 0.5) & ((t & 1) == 1))).to(tl.int32)
-        elif ROUNDING == 1:  # half_away
-            r = t + ((q - t.to(tl.float32)) >= 0.5).to(tl.int32)
-        elif ROUNDING == 2:  # trunc
-            r = t
-        else:  # sr: floor(q + u) in float64, exact (formats._round_int_sr)
-            u = tl.load(u_ptr + offs, mask=in_range[:, None], other=0.0)
-            r = (q.to(tl.float64) + u).to(tl.int32)
-        mag = ((field - 127 - EMIN) << MBITS) + r
-        sign = negative.to(tl.int32) << (BITS - 1)
-        if FNUZ:  # no negative zero
-            sign = tl.where(mag != 0, sign, 0)
-        code = tl.where((s == 255)[:, None], NAN_CODE, mag | sign)
-        tl.store(codes_ptr + offs, code.to(tl.uint8), mask=in_range[:, None])
-
-    _cache[key] = {"dequantize": mx_dequant_bf16, "quantize": mx_quantize_blocks,
-                   "gemm_f32": mx_gemm_f32_where_inexact}
+    # A fresh copy of the kernels' module per mode: triton.jit picks the interpreter when it
+    # decorates (the key above).
+    spec = importlib.util.find_spec("mxcheck.scaling.mx_cuda_kernels")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    _cache[key] = {"dequantize": module.mx_dequant_bf16, "quantize": module.mx_quantize_blocks,
+                   "scaled_encode": module.fp8_scaled_encode, "gemm_f32": module.mx_gemm_f32_where_inexact}
     return _cache[key]
 
 
@@ -315,3 +184,56 @@ def quantize_blocks(xs: torch.Tensor, fmt: FloatFormat, *, block_size: int, scal
             TILE_ROWS=block_size if block_2d else 1, CONTIGUOUS=not row_fastest and xs.is_contiguous(),
             num_warps=_QUANT_WARPS)
     return codes, out_scales
+
+
+_SCALED_ENCODE_INPUTS = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _scale_layout(scale: torch.Tensor, m: int, k: int, block_rows: int | None,
+                  block_cols: int | None) -> tuple[int, int, int, int]:
+    """(rows, cols, stride_r, stride_c) of the one indexing rule: x[row, col] takes the
+    scale at ``(row // rows) * stride_r + (col // cols) * stride_c`` of the contiguous
+    (M / rows, K / cols) scales; a dimension one scale spans (None) has stride 0."""
+    rows, cols = block_rows or m, block_cols or k
+    if m % rows or k % cols or scale.numel() != (m // rows) * (k // cols):
+        raise ValueError(f"scale of shape {tuple(scale.shape)} does not tile x of shape ({m}, {k}) in blocks of "
+                         f"(block_rows, block_cols)=({block_rows}, {block_cols}); expected "
+                         f"{m // rows} x {k // cols} scales")
+    return block_rows or 1, block_cols or 1, k // cols if block_rows else 0, 1 if block_cols else 0
+
+
+def scaled_encode(x: torch.Tensor, scale: torch.Tensor, fmt: FloatFormat, block_rows: int | None,
+                  block_cols: int | None) -> torch.Tensor | None:
+    """uint8 codes of ``float32(x) * scale`` (one float32 multiply), RNE and saturating, as
+    ``fp8._encode_scaled`` computes them, or None where the kernel cannot run (the caller
+    then takes the torch path). x: float32, bf16 or fp16, (M, K) with a scale per
+    ``(block_rows, block_cols)`` block (None: the whole dimension), or any shape with both
+    None. scale: float32 >= 0 (every FP8 scale formula's), on x's device, or one value on the
+    CPU (DelayedScaling's), passed to the kernel by value. Formats: signed, <= 8 bits."""
+    if (not _runs_here(x) or x.dtype not in _SCALED_ENCODE_INPUTS or scale.dtype != torch.float32
+            or not fmt.signed or fmt.bits > 8 or (kernels := _kernels()) is None):
+        return None
+    if block_rows is None and block_cols is None:
+        x2 = x.reshape(1, -1)
+    elif x.dim() == 2:
+        x2 = x
+    else:
+        raise ValueError(f"x of shape {tuple(x.shape)}: a scale per (block_rows, block_cols) block needs a 2D x")
+    codes = torch.empty(x.shape, dtype=torch.uint8, device=x.device)
+    n = x.numel()
+    if not n:
+        return codes
+    x2 = x2.contiguous()
+    m, k = x2.shape
+    rows, cols, stride_r, stride_c = _scale_layout(scale, m, k, block_rows, block_cols)
+    # One scale on the host goes by value (a float32, exact as a Python float): no copy, no
+    # sync; x stands in for the pointer the kernel then does not read.
+    on_host = scale.device.type == "cpu" and scale.numel() == 1
+    mode = 0 if on_host else 1 if scale.numel() == 1 else 2
+    scale_ptr = x2 if on_host else scale.to(x.device).contiguous()
+    kernels["scaled_encode"][((n + _BLOCK - 1) // _BLOCK,)](
+        x2, scale_ptr, float(scale) if on_host else 0.0, codes, n, k, stride_r, stride_c,
+        SCALE=mode, ROWS=rows, COLS=cols, MBITS=fmt.mbits, EMIN=fmt.emin, FMAX=fmt.max, BITS=fmt.bits,
+        FNUZ=fmt.nan == "fnuz", NAN_CODE=0 if fmt.nan_code is None else fmt.nan_code,
+        NAN_SIGNED=fmt.nan in ("ocp", "ieee"), WIDE=n + _BLOCK >= 2**31, BLOCK=_BLOCK)
+    return codes
