@@ -248,3 +248,21 @@ def test_fused_quantize_in_the_interpreter_reads_strided_operands(layout, kw, in
     monkeypatch.setenv("MXCHECK_FUSED_MX", "1")
     got = mxcheck.mx_quantize(strided, "e4m3", scale_rule="rceil", **kw)
     assert torch.equal(got.scales, want.scales) and torch.equal(got.codes, want.codes)
+
+
+@pytest.mark.emulated
+@pytest.mark.parametrize("value", ["false", "off", "", "2"])
+def test_an_unknown_fused_switch_value_is_an_error_naming_it(value, monkeypatch):
+    monkeypatch.setenv("MXCHECK_FUSED_MX", value)
+    with pytest.raises(ValueError, match=rf"MXCHECK_FUSED_MX={value!r}; expected '1'.*or '0'"):
+        mx_cuda.fused_enabled()
+
+
+@pytest.mark.emulated
+@pytest.mark.parametrize(("value", "enabled"), [("0", False), ("1", True), (None, True)])
+def test_the_fused_switch_takes_0_and_1_and_defaults_to_on(value, enabled, monkeypatch):
+    if value is None:
+        monkeypatch.delenv("MXCHECK_FUSED_MX", raising=False)
+    else:
+        monkeypatch.setenv("MXCHECK_FUSED_MX", value)
+    assert mx_cuda.fused_enabled() is enabled

@@ -62,8 +62,22 @@ def _interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
+_FUSED_SWITCH = {"0": False, "1": True}
+
+
+def fused_enabled() -> bool:
+    """``MXCHECK_FUSED_MX``: unset or "1" runs the fused kernels where they can run, "0" the
+    torch paths; anything else is an error (a silent default would make an A/B run compare a
+    path with itself)."""
+    value = os.environ.get("MXCHECK_FUSED_MX", "1")
+    if value not in _FUSED_SWITCH:
+        raise ValueError(f"MXCHECK_FUSED_MX={value!r}; expected '1' (the fused Triton kernels where they "
+                         "can run, the default) or '0' (the torch paths)")
+    return _FUSED_SWITCH[value]
+
+
 def _runs_here(t: torch.Tensor) -> bool:
-    return os.environ.get("MXCHECK_FUSED_MX", "1") != "0" and (t.is_cuda or _interpreted())
+    return fused_enabled() and (t.is_cuda or _interpreted())
 
 
 def _kernels() -> dict[str, Any] | None:
