@@ -142,3 +142,45 @@ def test_the_fallback_gemm_in_the_interpreter_overwrites_only_when_flagged(tiny_
     assert mx_cuda.gemm_f32_where_inexact(inexact, *operands, y)
     assert torch.equal(y, exact if tiny_bytes else sentinel)
 
+
+
+def pair_operands(device: str):
+    """An e4m3 operand under ordinary bytes and an e2m1 one of another shape and block
+    size: what one launch of ``dequantize_bf16_pair`` takes."""
+    gen = torch.Generator().manual_seed(11)
+    e4m3, e2m1 = get_format("e4m3"), get_format("e2m1")
+    a = (torch.randint(0, 256, (40, 96), generator=gen).to(torch.uint8),
+         torch.randint(120, 135, (40, 3), generator=gen).to(torch.uint8), e4m3, 32)
+    b = (torch.randint(0, 16, (3000, 64), generator=gen).to(torch.uint8),
+         torch.randint(0, 255, (3000, 4), generator=gen).to(torch.uint8), e2m1, 16)
+    return [(c.to(device), s.to(device), decode_table(f, torch.device(device)), bs, max(0, _bf16_lowest_byte(f)),
+             f.magnitude_mask) for c, s, f, bs in (a, b)]
+
+
+def each_alone(ops) -> list[torch.Tensor]:
+    return [mx_cuda.dequantize_bf16(*op[:4]) for op in ops]
+
+
+@pytest.mark.cuda
+def test_one_launch_for_both_operands_gives_each_operands_float32_values_in_bf16():
+    pytest.importorskip("triton")
+    ops = pair_operands("cuda")
+    pair = mx_cuda.dequantize_bf16_pair(*ops)
+    for got, (codes, scales, _, block, _, _), fmt in zip(pair, ops, ("e4m3", "e2m1"), strict=True):
+        q = MXTensor(codes, scales, get_format(fmt), block, 1, tuple(codes.shape), "floor", "rne")
+        want = q.dequantize().bfloat16()  # the torch path's float32 values, rounded once
+        torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.emulated
+def test_one_launch_for_both_operands_in_the_interpreter_is_each_alone(interpreted):  # noqa: F811
+    ops = pair_operands("cpu")
+    pair = mx_cuda.dequantize_bf16_pair(*ops)
+    for got, want in zip(pair, each_alone(ops), strict=True):
+        assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+    # the flag from the second operand's programs: a nonzero e4m3 code under byte 0
+    a, b = pair_operands("cpu")[::-1]
+    b = (b[0], torch.zeros_like(b[1]), *b[2:])
+    inexact = torch.zeros(1, dtype=torch.int32)
+    mx_cuda.dequantize_bf16_pair(a, b, inexact)
+    assert inexact.item() == 1
