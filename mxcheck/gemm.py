@@ -45,7 +45,7 @@ from mxcheck.scaling import (
 )
 from mxcheck.scaling.blocks import per_row
 from mxcheck.scaling.fp8 import FP8_GRANULARITIES
-from mxcheck.scaling.mx_cuda import dequantize_bf16_pair, gemm_f32_where_inexact
+from mxcheck.scaling.mx_cuda import dequantize_bf16, gemm_f32_where_inexact
 
 __all__ = [
     "ACCUMULATE_DTYPES",
@@ -390,9 +390,9 @@ def _mx_gemm_without_a_read(a: MXTensor, b: MXTensor, out_dtype: torch.dtype,
     checked = any(_bf16_lowest_byte(q.fmt) > 0 for q in (a, b))
     inexact = torch.zeros(1, dtype=torch.int32, device=device) if checked else None
     operands = [(q.codes, q.scales, decode_table(q.fmt, device), q.block_size) for q in (a, b)]
-    values = dequantize_bf16_pair(*((*op, max(0, _bf16_lowest_byte(q.fmt)), q.fmt.magnitude_mask)
-                                    for op, q in zip(operands, (a, b), strict=True)), inexact)
-    if values is None:
+    values = [dequantize_bf16(*op, inexact=inexact, lowest_byte=max(0, _bf16_lowest_byte(q.fmt)),
+                              magnitude_mask=q.fmt.magnitude_mask) for op, q in zip(operands, (a, b), strict=True)]
+    if values[0] is None or values[1] is None:
         return None
     k = max(v.shape[1] for v in values)  # zero padding extends K exactly (as _operands)
     da, db = (v if v.shape[1] == k else torch.nn.functional.pad(v, (0, k - v.shape[1])) for v in values)

@@ -45,7 +45,7 @@ import torch
 from mxcheck.formats import FloatFormat
 from mxcheck.hadamard import Hadamard
 
-__all__ = ["dequantize_bf16", "dequantize_bf16_pair", "gemm_f32_where_inexact", "quantize_blocks", "scaled_encode"]
+__all__ = ["dequantize_bf16", "gemm_f32_where_inexact", "quantize_blocks", "scaled_encode"]
 
 _cache: dict[tuple[str, bool], Any] = {}
 _BLOCK = 2048
@@ -99,11 +99,6 @@ def _kernels() -> dict[str, Any] | None:
     return _cache[key]
 
 
-# What the bf16 dequantization takes per operand: codes, scale bytes, decode table, block
-# size, and for the device flag the lowest exact byte and the format's magnitude mask.
-Dequant = tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, int, int]
-
-
 def dequantize_bf16(codes: torch.Tensor, scales: torch.Tensor, table: torch.Tensor, block_size: int,
                     inexact: torch.Tensor | None = None, lowest_byte: int = 0,
                     magnitude_mask: int = 0) -> torch.Tensor | None:
@@ -111,33 +106,18 @@ def dequantize_bf16(codes: torch.Tensor, scales: torch.Tensor, table: torch.Tens
     None when the kernel cannot run here (no Triton, not CUDA). ``inexact`` (int32, one
     element): set to 1 on the device where a code with a nonzero ``magnitude_mask`` part
     sits under a byte below ``lowest_byte`` (its value is not a bf16), with no host read."""
-    out = dequantize_bf16_pair((codes, scales, table, block_size, lowest_byte, magnitude_mask), None, inexact)
-    return None if out is None else out[0]
-
-
-def dequantize_bf16_pair(a: Dequant, b: Dequant | None,
-                         inexact: torch.Tensor | None = None) -> tuple[torch.Tensor, ...] | None:
-    """``dequantize_bf16`` of a and b (a GEMM's operands) in one launch; (bf16 a, bf16 b),
-    or (bf16 a,) when b is None; None where the kernel cannot run here."""
-    if not _runs_here(a[0]) or (kernels := _kernels()) is None:
+    if not _runs_here(codes) or (kernels := _kernels()) is None:
         return None
-    ops = [a] if b is None else [a, b]
-    args, outs, programs = [], [], []
-    for codes, scales, table, block_size, lowest_byte, magnitude_mask in ops:
-        codes, scales = codes.contiguous(), scales.contiguous()
-        out = torch.empty(codes.shape, dtype=torch.bfloat16, device=codes.device)
-        outs.append(out)
-        programs.append(-(-codes.numel() // _BLOCK))
-        args.append(((codes, scales, table.to(torch.float32).contiguous(), out),
-                     (codes.numel(), codes.shape[-1] if codes.dim() else 1, scales.shape[-1] if scales.dim() else 1),
-                     (block_size, lowest_byte if inexact is not None else 0, magnitude_mask)))
-    (a_ptrs, a_sizes, a_const), (b_ptrs, b_sizes, b_const) = args[0], args[-1]
-    if sum(programs):
-        kernels["dequantize"][(sum(programs),)](
-            *a_ptrs, *b_ptrs, a_ptrs[0] if inexact is None else inexact, *a_sizes, programs[0], *b_sizes,
-            A_BLOCK=a_const[0], A_LOWEST=a_const[1], A_MASK=a_const[2],
-            B_BLOCK=b_const[0], B_LOWEST=b_const[1], B_MASK=b_const[2], BLOCK=_BLOCK)
-    return tuple(outs)
+    codes, scales = codes.contiguous(), scales.contiguous()
+    k = codes.shape[-1]
+    out = torch.empty(codes.shape, dtype=torch.bfloat16, device=codes.device)
+    n = codes.numel()
+    if n:
+        kernels["dequantize"][((n + _BLOCK - 1) // _BLOCK,)](
+            codes, scales, table.to(torch.float32).contiguous(), out, codes if inexact is None else inexact, n, k,
+            scales.shape[-1], MX_BLOCK=block_size, BLOCK=_BLOCK,
+            LOWEST_BYTE=lowest_byte if inexact is not None else 0, MAGNITUDE_MASK=magnitude_mask)
+    return out
 
 
 # Output tiles of the float32 fallback GEMM: when nothing is flagged each program reads one

@@ -52,10 +52,10 @@ def _mx_values(codes_ptr, scales_ptr, table_ptr, offs, row, col, mask, scale_k, 
 
 
 @triton.jit
-def _dequant_run(codes_ptr, scales_ptr, table_ptr, out_ptr, inexact_ptr, pid, n, k, scale_k,
-                 MX_BLOCK: tl.constexpr, BLOCK: tl.constexpr, LOWEST_BYTE: tl.constexpr,
-                 MAGNITUDE_MASK: tl.constexpr):
-    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+def mx_dequant_bf16(codes_ptr, scales_ptr, table_ptr, out_ptr, inexact_ptr, n, k, scale_k,
+                    MX_BLOCK: tl.constexpr, BLOCK: tl.constexpr, LOWEST_BYTE: tl.constexpr,
+                    MAGNITUDE_MASK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     value, code, s = _mx_values(codes_ptr, scales_ptr, table_ptr, offs, offs // k, offs % k, mask, scale_k,
                                 MX_BLOCK)
@@ -64,22 +64,6 @@ def _dequant_run(codes_ptr, scales_ptr, table_ptr, out_ptr, inexact_ptr, pid, n,
         inexact = tl.max((mask & (s < LOWEST_BYTE) & ((code & MAGNITUDE_MASK) != 0)).to(tl.int32))
         if inexact > 0:
             tl.atomic_max(inexact_ptr, inexact)
-
-
-@triton.jit
-def mx_dequant_bf16(a_codes, a_scales, a_table, a_out, b_codes, b_scales, b_table, b_out, inexact_ptr,
-                    a_n, a_k, a_scale_k, a_programs, b_n, b_k, b_scale_k,
-                    A_BLOCK: tl.constexpr, A_LOWEST: tl.constexpr, A_MASK: tl.constexpr,
-                    B_BLOCK: tl.constexpr, B_LOWEST: tl.constexpr, B_MASK: tl.constexpr, BLOCK: tl.constexpr):
-    # One launch for a GEMM's two operands: the first a_programs programs take a, the rest b
-    # (none when only a is given). A launch costs the host more than such a pass costs the GPU.
-    pid = tl.program_id(0)
-    if pid < a_programs:
-        _dequant_run(a_codes, a_scales, a_table, a_out, inexact_ptr, pid, a_n, a_k, a_scale_k, A_BLOCK, BLOCK,
-                     A_LOWEST, A_MASK)
-    else:
-        _dequant_run(b_codes, b_scales, b_table, b_out, inexact_ptr, pid - a_programs, b_n, b_k, b_scale_k,
-                     B_BLOCK, BLOCK, B_LOWEST, B_MASK)
 
 
 @triton.jit
