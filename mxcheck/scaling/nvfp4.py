@@ -35,6 +35,7 @@ import torch
 from mxcheck.formats import FORMATS, check_quantize_input, check_rounding, decode_table, encode_bits
 from mxcheck.hadamard import Hadamard, apply_hadamard, get_hadamard
 from mxcheck.scaling.blocks import block_amax, by_row_chunks, check_tiles, per_row
+from mxcheck.scaling.mx_cuda import scaled_encode
 
 __all__ = ["NVFP4_BLOCK", "NVFP4Tensor", "nvfp4_quantize"]
 
@@ -158,9 +159,14 @@ def nvfp4_quantize(
         scaled = torch.clamp(xc.to(torch.float32) * ec, -_E2M1.max, _E2M1.max)
         return encode_bits(scaled, _E2M1, rounding, True, uc)
 
-    blocks = work.unflatten(-1, (-1, NVFP4_BLOCK))
-    u = None if u is None else u.reshape(work.shape).unflatten(-1, (-1, NVFP4_BLOCK))
-    codes = by_row_chunks(encode, blocks, enc, u).flatten(-2)
+    # On CUDA, RNE: one fused pass (mx_cuda.scaled_encode: x * enc, saturated, RNE), the same
+    # bits as the torch passes below (tests/test_nvfp4.py compares CUDA with the CPU).
+    codes = None if u is not None else scaled_encode(work.reshape(-1, work.shape[-1]), enc.reshape(-1, enc.shape[-2]),
+                                                     _E2M1, 1, NVFP4_BLOCK)
+    if codes is None:
+        blocks = work.unflatten(-1, (-1, NVFP4_BLOCK))
+        u = None if u is None else u.reshape(work.shape).unflatten(-1, (-1, NVFP4_BLOCK))
+        codes = by_row_chunks(encode, blocks, enc, u).flatten(-2)
     scale_shape = (*x.shape[:-1], x.shape[-1] // NVFP4_BLOCK)
     return NVFP4Tensor(
         codes=codes.reshape(x.shape),

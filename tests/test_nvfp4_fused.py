@@ -1,0 +1,96 @@
+"""NVFP4 on CUDA gives the CPU's bits: codes, ue4m3 block scales, amax and tensor scale.
+
+On CUDA the RNE element encode is the fused Triton pass (``mx_cuda.scaled_encode``: x * the
+block's encode scale, saturated, RNE); the scales, the rotation and SR stay torch's. The
+inputs place every e2m1 value, midpoint and their float32 neighbours exactly under power-of-two
+encode scales (so the ties are hit), beside wide-range Gaussian blocks, zero blocks, -0.0 and
+Inf. ``cuda`` tests run on a GPU; the ``emulated`` ones run the fused pass in Triton's
+interpreter on a CPU (``TRITON_INTERPRET=1`` at start; skipped otherwise).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mxcheck.formats import get_format
+from mxcheck.scaling.nvfp4 import nvfp4_quantize
+from tests.test_encode_paths import hard_points
+from tests.test_mx_fused import interpreted  # noqa: F401  (a fixture)
+from tests.test_nvfp4 import blocks_at_magnitudes
+
+_E4M3_X_E2M1_MAX = 448 * 6
+
+
+def nvfp4_inputs(gen: torch.Generator, with_inf: bool = False) -> torch.Tensor:
+    """(144, 64) float32. The global amax is 2688 (one element), so the
+    global encode scale is 1; a block whose amax is 6 * 2**k then gets the ue4m3 scale 2**k
+    and the encode scale 2**-k, both exact, and its other 15 elements (e2m1 values,
+    midpoints, neighbours, times 2**k) land exactly on their points. k covers ue4m3's range.
+    Then Gaussian blocks over 2**-24..1, a zero tile, -0.0 and (``with_inf``) an Inf."""
+    points = hard_points(get_format("e2m1"), gen)
+    points = points[torch.isfinite(points)].clamp(-6.0, 6.0)
+    rows = []
+    for k in range(-9, 9):
+        body = points[torch.randint(0, points.numel(), (16, 15), generator=gen)]
+        body.view(-1)[: min(points.numel(), body.numel())] = points[: body.numel()]
+        lead = torch.where(torch.rand(16, 1, generator=gen) < 0.5, -6.0, 6.0)
+        rows.append((torch.cat([lead, body], dim=1).double() * 2.0**k).float())
+    ties = torch.cat(rows).reshape(-1, 64)  # four blocks of 16 per row
+    x = torch.cat([ties, blocks_at_magnitudes(gen, 72, 64, -24, 0)])  # 144 rows: 16x16 tiles
+    x[0, 0] = _E4M3_X_E2M1_MAX
+    x[-16:, :16] = 0.0
+    x[-17, 3] = -0.0
+    if with_inf:
+        x[-18, 5] = float("inf")
+    return x
+
+
+def same_nvfp4(a, b) -> None:
+    assert torch.equal(a.block_scales.cpu(), b.block_scales)
+    assert torch.equal(a.codes.cpu(), b.codes)
+    for f in ("amax", "tensor_scale"):
+        assert torch.equal(getattr(a, f).cpu().view(torch.int32), getattr(b, f).view(torch.int32)), f
+
+
+def test_the_inputs_hit_every_e2m1_tie(gen):
+    # The premise, on the CPU path: in the tie rows each block's ue4m3 scale is its amax / 6,
+    # a power of two, so its encode scale is exact and x * enc = x / (amax / 6) lands on
+    # every e2m1 midpoint of both signs.
+    from mxcheck.formats import decode_table
+
+    x = nvfp4_inputs(gen)
+    ties = x[:72].reshape(-1, 16)[1:]  # the first block holds the global amax instead
+    q = nvfp4_quantize(x)
+    block_scale = decode_table(get_format("ue4m3"), torch.device("cpu")).float()[q.block_scales.long()]
+    unit = ties.abs().amax(-1, keepdim=True) / 6.0
+    assert torch.equal(block_scale[:72].reshape(-1, 1)[1:], unit)
+    assert bool((torch.frexp(unit).mantissa == 0.5).all())  # powers of two: exact quotients
+    scaled = ties / unit
+    for m in (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0):
+        assert bool((scaled == m).any()) and bool((scaled == -m).any()), m
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("hadamard", [None, "h16_te"])
+@pytest.mark.parametrize("rounding", ["rne", "sr"])
+@pytest.mark.parametrize("block_2d", [False, True], ids=["1x16", "16x16"])
+def test_nvfp4_on_cuda_equals_the_cpu(block_2d, rounding, hadamard, dtype, gen):
+    pytest.importorskip("triton")
+    x = nvfp4_inputs(gen, with_inf=hadamard is None).to(dtype)
+    rand = torch.randint(0, 256, x.shape, generator=gen, dtype=torch.uint8) if rounding == "sr" else None
+    want = nvfp4_quantize(x, block_2d=block_2d, hadamard=hadamard, rand=rand)
+    got = nvfp4_quantize(x.cuda(), block_2d=block_2d, hadamard=hadamard, rand=None if rand is None else rand.cuda())
+    same_nvfp4(got, want)
+
+
+@pytest.mark.emulated
+@pytest.mark.parametrize("block_2d", [False, True], ids=["1x16", "16x16"])
+def test_nvfp4_fused_encode_in_the_interpreter_equals_the_torch_path(block_2d, interpreted, gen,  # noqa: F811
+                                                                      monkeypatch):
+    x = nvfp4_inputs(gen, with_inf=True)  # float32: the interpreter mishandles bf16 subnormals
+    monkeypatch.setenv("MXCHECK_FUSED_MX", "0")
+    want = nvfp4_quantize(x, block_2d=block_2d)
+    monkeypatch.setenv("MXCHECK_FUSED_MX", "1")
+    same_nvfp4(nvfp4_quantize(x, block_2d=block_2d), want)
