@@ -11,6 +11,10 @@ operands (``mxcheck.gemm``):
 The Function saves the unquantized X and W (in the caller's dtype, bf16 in training) and
 quantizes the column copies in backward: every recipe then re-quantizes from the same
 bf16 tensors, which is what a backward in another precision (mxfp4-fp8bwd) requires.
+Where a column copy has its row copy's spec and that spec's blocks are symmetric
+(tensorwise FP8, square tiles), it is the row copy's codes and scales transposed
+(``mxcheck.gemm.transposed_operand``): the bits quantizing the transpose gives, without a
+second pass. The row copies x_row and w_row are then kept from forward to backward.
 
 Stochastic rounding draws uint8 bits from ``generator`` in a fixed order (forward x_row,
 w_row; backward g_row, w_col, g_col, x_col; only for operands that round with "sr" and
