@@ -45,8 +45,8 @@ _UE4M3 = FORMATS["ue4m3"]
 _FLT_MAX = torch.finfo(torch.float32).max
 
 
-def _f32(v: float, device: torch.device | None = None) -> torch.Tensor:
-    return torch.tensor(v, dtype=torch.float32, device=device)
+def _f32(v: float) -> torch.Tensor:
+    return torch.tensor(v, dtype=torch.float32)
 
 
 # The product fp8_max * fp4_max is exact; 1/6 and 1/(6*448) are float32 constants as in the
@@ -171,9 +171,9 @@ def nvfp4_quantize(
     return NVFP4Tensor(
         codes=codes.reshape(x.shape),
         block_scales=block_scales.reshape(scale_shape),
-        # the divisor on amax's device: CUDA divides by a CPU scalar as a multiply by its
-        # reciprocal (aten BinaryDivTrueKernel.cu), one ulp off the CPU's division at times
-        tensor_scale=amax / _f32(_E4M3_X_E2M1_MAX, amax.device),
+        # the divisor on amax's device (a fill, no host copy): CUDA divides by a CPU scalar as
+        # a multiply by its reciprocal (aten BinaryDivTrueKernel.cu), one ulp off at times
+        tensor_scale=amax / torch.full_like(amax, _E4M3_X_E2M1_MAX),
         amax=amax,
         block_2d=block_2d,
         hadamard=rot,
