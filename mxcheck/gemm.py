@@ -189,6 +189,12 @@ def _logical_shape(q: QTensor) -> tuple[int, ...]:
     return tuple(q.codes.shape)
 
 
+def _check_blocked_last(q: MXTensor) -> None:
+    if q.axis != len(q.shape) - 1:
+        raise ValueError(f"an NT GEMM operand is blocked along its last (contraction) axis; "
+                         f"this MXTensor of shape {q.shape} is blocked along axis {q.axis}")
+
+
 def dequantize_operand(q: QTensor, *, padded: bool = True, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The float32 operand a GEMM consumes (exact: every value is element * scale).
 
@@ -197,9 +203,7 @@ def dequantize_operand(q: QTensor, *, padded: bool = True, dtype: torch.dtype = 
     of the rotated operand. ``padded=False`` strips it (meaningful without a rotation).
     """
     if isinstance(q, MXTensor):
-        if q.axis != len(q.shape) - 1:
-            raise ValueError(f"an NT GEMM operand is blocked along its last (contraction) axis; "
-                             f"this MXTensor of shape {q.shape} is blocked along axis {q.axis}")
+        _check_blocked_last(q)
         return q.dequantize(padded=padded, dtype=dtype)
     if isinstance(q, _QTYPES):
         return q.dequantize().to(dtype)
@@ -380,10 +384,8 @@ def _mx_gemm_without_a_read(a: MXTensor, b: MXTensor, out_dtype: torch.dtype,
     GEMM still sums exact products in float32, as the float32 path does (in another order).
     """
     _check_operands(a, b)
-    for name, q in (("a", a), ("b", b)):
-        if q.axis != len(q.shape) - 1:
-            raise ValueError(f"an NT GEMM operand is blocked along its last (contraction) axis; "
-                             f"operand {name} of shape {q.shape} is blocked along axis {q.axis}")
+    _check_blocked_last(a)
+    _check_blocked_last(b)
     device = a.codes.device
     if b.codes.device != device:
         raise ValueError(f"a is on {device} and b on {b.codes.device}; put both on one device")

@@ -160,7 +160,7 @@ def nvfp4_quantize(
         return encode_bits(scaled, _E2M1, rounding, True, uc)
 
     # On CUDA, RNE: one fused pass (mx_cuda.scaled_encode: x * enc, saturated, RNE), the same
-    # bits as the torch passes below (tests/test_nvfp4.py compares CUDA with the CPU).
+    # bits as the torch passes below (tests/test_nvfp4_fused.py compares CUDA with the CPU).
     codes = None if u is not None else scaled_encode(work.reshape(-1, work.shape[-1]), enc.reshape(-1, enc.shape[-2]),
                                                      _E2M1, 1, NVFP4_BLOCK)
     if codes is None:
