@@ -1,6 +1,7 @@
 """On the H200: time the fused MX quantize kernel at several (elements per program, warps)
-settings, 16384x3072 bf16, median of 50 CUDA-event timings, and check every setting gives
-the default's codes and scales. Prints one line per case and setting.
+settings, 16384x3072 bf16, median device time of 50 calls (``bench_quantize.device_seconds``:
+the host's launch time hidden, L2 cold), and check every setting gives the default's codes
+and scales. Prints one line per case and setting.
 
     PYTHONPATH=.:/tmp/site python3 benchmarks/bench_fused_configs.py
 """
@@ -8,7 +9,7 @@ the default's codes and scales. Prints one line per case and setting.
 from __future__ import annotations
 
 import torch
-from bench_gemm import cuda_ms  # this folder is sys.path[0] when run as a script
+from bench_quantize import device_seconds  # this folder is sys.path[0] when run as a script
 
 import mxcheck
 from mxcheck.scaling import mx_cuda
@@ -20,7 +21,7 @@ CASES = [("e2m1", dict(scale_rule="even")), ("e4m3", dict(scale_rule="rceil")),
 
 def main() -> None:
     x = torch.randn(16384, 3072, device="cuda", dtype=torch.bfloat16)
-    floor_ms = cuda_ms(lambda: x.clone(), 50)  # read + write of the input: a bandwidth yardstick
+    floor_ms = device_seconds(lambda: x.clone(), 50) * 1e3  # read + write of the input: a bandwidth yardstick
     print(f"clone of the input (2 x 96 MiB moved): {floor_ms:.4f} ms")
     for fmt, kw in CASES:
         want = mxcheck.mx_quantize(x, fmt, **kw)
@@ -30,7 +31,7 @@ def main() -> None:
                 try:
                     got = mxcheck.mx_quantize(x, fmt, **kw)
                     same = torch.equal(got.codes, want.codes) and torch.equal(got.scales, want.scales)
-                    ms = cuda_ms(lambda f=fmt, k=kw: mxcheck.mx_quantize(x, f, **k), 50)
+                    ms = device_seconds(lambda f=fmt, k=kw: mxcheck.mx_quantize(x, f, **k), 50) * 1e3
                     print(f"{fmt} {kw} block={block} warps={warps}: {ms:.4f} ms same={same}")
                 except Exception as e:  # a setting the compiler refuses
                     print(f"{fmt} {kw} block={block} warps={warps}: failed {type(e).__name__}: {str(e)[:80]}")

@@ -6,8 +6,10 @@
 The step is the convergence tests' step (``mxcheck.training``): Flux flux-535m (1 double +
 1 single block, hidden 3072), 4 samples of 1024 image + 256 text tokens (4 x 1280 tokens),
 bf16 compute, forward, backward, then AdamW on an FP32 master copy and the copy back. The
-baseline is the same model with nn.Linear (no recipe). Figures are medians of ``--steps``
-steps after two; the ratio is recipe ms / bf16 ms (issue 15 goal: <= 1.5x).
+baseline is the same model with nn.Linear (no recipe). Every model is built first; then
+``--rounds`` rounds time bf16 and each recipe in turn (a median of ``--steps`` steps after
+two each). A recipe's ratio is the median over rounds of its time / that round's bf16 time
+(issue 15 goal: <= 1.5x); each round's ratio is printed too.
 ``--profile N`` prints torch.profiler's N most expensive ops (self device time on CUDA,
 self CPU time on a CPU) of one step per recipe: where the step's extra time goes.
 ``--compile-quantizers`` is an experiment, not a supported mode: it wraps the quantizers
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 
 import torch
 from bench_quantize import _sync, median_seconds  # this folder is sys.path[0] when run as a script
@@ -82,7 +85,8 @@ def main() -> None:
     p.add_argument("--txt-tokens", type=int, default=256)
     p.add_argument("--recipes", nargs="+", default=["mxfp4", "mxfp8", "fp8", "nvfp4"])
     p.add_argument("--backend", default="emulated")
-    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--steps", type=int, default=10, help="steps timed per round (their median)")
+    p.add_argument("--rounds", type=int, default=3, help="rounds over bf16 and every recipe, interleaved")
     p.add_argument("--profile", type=int, default=0, help="print the N most expensive ops per recipe")
     p.add_argument("--compile-quantizers", action="store_true", help="the experiment above")
     p.add_argument("--json", help="write the results here too")
@@ -93,25 +97,32 @@ def main() -> None:
     if args.compile_quantizers:
         eager = {r: first_grads(cfg, r, args.backend) for r in args.recipes}
         compile_quantizers()
+    # Every step is built first and the rounds interleave them (bf16, then each recipe), so a
+    # drift of the machine during the run moves the baseline with the recipes; a round's
+    # ratio is against that round's bf16.
+    names = ["bf16", *args.recipes]
+    steps = {name: make_step(cfg, None if name == "bf16" else name, args.backend) for name in names}
+    per_round: dict[str, list[float]] = {name: [] for name in names}
+    for _ in range(args.rounds):
+        for name in names:
+            per_round[name].append(median_seconds(steps[name], args.device, args.steps) * 1e3)
     rows = []
-    base_ms = None
-    for recipe in [None, *args.recipes]:
-        step = make_step(cfg, recipe, args.backend)
-        ms = median_seconds(step, args.device, args.steps) * 1e3
-        base_ms = ms if recipe is None else base_ms
-        name = recipe or "bf16"
-        row = {"recipe": name, "backend": args.backend if recipe else "nn.Linear", "ms": round(ms, 2),
-               "ratio": round(ms / base_ms, 3), "goal": GOAL if recipe else None}
-        if recipe in eager:
-            same = all(torch.equal(a, b) for a, b in zip(eager.pop(recipe), first_grads(cfg, recipe, args.backend),
+    for name in names:
+        ratios = [ms / base for ms, base in zip(per_round[name], per_round["bf16"], strict=True)]
+        ms, ratio = statistics.median(per_round[name]), statistics.median(ratios)
+        row = {"recipe": name, "backend": args.backend if name != "bf16" else "nn.Linear", "ms": round(ms, 2),
+               "ratio": round(ratio, 3), "round_ms": [round(t, 2) for t in per_round[name]],
+               "round_ratios": [round(r, 3) for r in ratios], "goal": GOAL if name != "bf16" else None}
+        if name in eager:
+            same = all(torch.equal(a, b) for a, b in zip(eager.pop(name), first_grads(cfg, name, args.backend),
                                                          strict=True))
             row["compiled_quantizers_bit_identical"] = same
             print(f"{name}: compiled quantizers give the eager step's loss and gradients bit for bit: {same}")
         rows.append(row)
-        print(f"{name:12s} {row['backend']:10s} {ms:9.2f} ms  {ms / base_ms:5.2f}x", flush=True)
+        print(f"{name:12s} {row['backend']:10s} {ms:9.2f} ms  {ratio:5.2f}x   rounds: "
+              + " ".join(f"{r:.2f}" for r in ratios), flush=True)
         if args.profile:
-            print(profile_step(step, args.device, args.profile), flush=True)
-        del step
+            print(profile_step(steps[name], args.device, args.profile), flush=True)
     if args.json:
         env = {"torch": torch.__version__, "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu"}
         with open(args.json, "w") as f:

@@ -14,6 +14,7 @@ is not exact in float32 a kernel that adds in another order may differ in the la
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Literal
@@ -182,6 +183,12 @@ def _walsh_hadamard(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+@functools.lru_cache(maxsize=64)
+def _signs_on(signs: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The signs as a tensor on device, made once: each copy to a GPU waits for it to drain."""
+    return torch.tensor(signs, dtype=dtype, device=device)
+
+
 def apply_hadamard(x: torch.Tensor, hadamard: Hadamard | str, *, axis: int = -1) -> torch.Tensor:
     """Rotate each run of ``hadamard.size`` consecutive elements of x along ``axis``.
 
@@ -208,8 +215,9 @@ def apply_hadamard(x: torch.Tensor, hadamard: Hadamard | str, *, axis: int = -1)
     moved_shape = work.shape
     work = work.reshape(*moved_shape[:-1], length // h.size, h.size)
     if h.signs is not None:
-        work = work * torch.tensor(h.signs, dtype=work.dtype, device=work.device)
-    # The norm as a tensor of the working dtype, so the multiply is one rounding in that dtype.
-    work = _walsh_hadamard(work) * torch.tensor(h.scale, dtype=work.dtype, device=work.device)
+        work = work * _signs_on(h.signs, work.dtype, work.device)
+    # The norm as a tensor of the working dtype, so the multiply is one rounding in that dtype;
+    # a host scalar (0-dim), which a device multiply takes by value: a copy would wait for the GPU.
+    work = _walsh_hadamard(work) * torch.tensor(h.scale, dtype=work.dtype)
     work = work.reshape(moved_shape).movedim(-1, axis)
     return _round_to(work, h.round_output_to).contiguous()

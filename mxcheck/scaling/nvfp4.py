@@ -100,7 +100,8 @@ class NVFP4Tensor:
 def _global_encode_scale(amax: torch.Tensor) -> torch.Tensor:
     """core_nvfp4.cuh compute_global_encode_scaling_factor_FP4 (NaN propagates, as the reference)."""
     s_enc = torch.minimum(_f32(_E4M3_X_E2M1_MAX) / amax, _f32(_FLT_MAX))
-    return torch.where((amax == 0) | (s_enc == 0), _f32(1.0), s_enc)
+    # ones on amax's device: where() copies a host tensor there, and the copy waits for the GPU
+    return torch.where((amax == 0) | (s_enc == 0), torch.ones_like(s_enc), s_enc)
 
 
 def _check_args(x: torch.Tensor, block_2d: bool) -> None:
@@ -141,7 +142,7 @@ def nvfp4_quantize(
         work = by_row_chunks(lambda t: apply_hadamard(t.to(torch.float32), rot, axis=-1), work)
 
     # 1. Global amax and the global encode / decode scales.
-    amax = block_amax(work.reshape(1, -1), 1, work.numel()).reshape(()) if work.numel() else _f32(0.0)
+    amax = block_amax(work.reshape(1, -1), 1, work.numel()).reshape(()) if work.numel() else torch.zeros((), device=x.device)
     s_enc = _global_encode_scale(amax)
     s_dec = 1.0 / s_enc
     # 2. Block scales: vec_max * (S_enc * fl32(1/6)), min FLT_MAX, ue4m3 RNE satfinite.

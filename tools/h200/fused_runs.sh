@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the H200: the fused MX kernels' cuda tests, then issue 15's benchmarks that they move.
-# Logs and JSON under $OUT. STEPS picks a subset (tests train configs quantize gemm memory host triton).
+# Logs and JSON under $OUT. STEPS picks a subset (tests train configs quantize gemm memory host triton syncs).
 set -uo pipefail
 export PYTHONPATH=.:/tmp/site PYTHONUNBUFFERED=1
 if [ ! -d /tmp/site/gfloat ]; then
@@ -17,7 +17,7 @@ run() {  # name, timeout, command...
 for step in ${STEPS:-tests train configs quantize}; do
     case $step in
         tests) run cuda_tests 300 python3 -m pytest -m cuda tests/test_mx_fused.py tests/test_device_parity.py tests/test_fp8_fused.py tests/test_gemm_inexact.py \
-                   tests/test_gemm.py -q -p no:cacheprovider -n 8
+                   tests/test_gemm.py tests/test_nvfp4_fused.py tests/test_linear_transposes.py tests/test_cuda_syncs.py -q -p no:cacheprovider -n 8
                tail -4 "$OUT/cuda_tests.log" ;;
         train) for f in ${FUSED:-1}; do
                    MXCHECK_FUSED_MX=$f run train_fused$f 200 python3 benchmarks/bench_training_step.py --device cuda \
@@ -33,6 +33,8 @@ for step in ${STEPS:-tests train configs quantize}; do
         triton) run train_triton 200 python3 benchmarks/bench_training_step.py --device cuda --recipes mxfp4 --backend triton \
                     --json "$OUT/train_triton.json"
                 grep -E "^(bf16|mx)" "$OUT/train_triton.log" ;;
+        syncs) run syncs 200 python3 benchmarks/find_syncs.py --recipes ${RECIPES:-mxfp4 mxfp8 fp8 nvfp4}
+               grep -A12 "^== " "$OUT/syncs.log" | cut -c1-220 ;;
         memory) run memory 120 python3 benchmarks/bench_memory.py --device cuda --json "$OUT/memory.json"; tail -12 "$OUT/memory.log" ;;
     esac
 done
