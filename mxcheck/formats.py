@@ -239,6 +239,13 @@ def check_rounding(rounding: str, rand: torch.Tensor | None, like: torch.Tensor)
         if rand is not None:
             raise ValueError(f"rand is only used with rounding='sr', got rounding={rounding!r}")
         return None
+    check_rand(rand, like)
+    return uniforms(rand)
+
+
+def check_rand(rand: torch.Tensor | None, like: torch.Tensor) -> None:
+    """rand is SR's randomness for ``like``: uint8 bits or float32 uniforms in [0, 1), its shape
+    and device."""
     if rand is None:
         raise ValueError("rounding='sr' needs rand: uint8 random bits or float32 uniforms in [0, 1), shaped like x")
     if not isinstance(rand, torch.Tensor):
@@ -247,13 +254,16 @@ def check_rounding(rounding: str, rand: torch.Tensor | None, like: torch.Tensor)
         raise ValueError(f"rand.shape={tuple(rand.shape)} must equal the input's shape {tuple(like.shape)}")
     if rand.device != like.device:
         raise ValueError(f"rand.device={rand.device} must equal the input's device {like.device}")
-    if rand.dtype == torch.uint8:
-        return rand.to(torch.float64) / 256.0
     if rand.dtype == torch.float32:
         if not bool(((rand >= 0) & (rand < 1)).all()):
             raise ValueError("rand holds float32 values outside [0, 1) (or NaN); expected uniforms in [0, 1)")
-        return rand.to(torch.float64)
-    raise TypeError(f"rand.dtype={rand.dtype}; expected torch.uint8 (8 random bits) or torch.float32 in [0, 1)")
+    elif rand.dtype != torch.uint8:
+        raise TypeError(f"rand.dtype={rand.dtype}; expected torch.uint8 (8 random bits) or torch.float32 in [0, 1)")
+
+
+def uniforms(rand: torch.Tensor) -> torch.Tensor:
+    """SR's u in [0, 1) as float64 from a checked rand: bits / 256, or the float32 uniforms."""
+    return rand.to(torch.float64) / 256.0 if rand.dtype == torch.uint8 else rand.to(torch.float64)
 
 
 def encode_bits(

@@ -91,12 +91,13 @@ def _scaled_max(fp8_max: float, margin: int) -> torch.Tensor:
 def _inf_to(scale: torch.Tensor, value_for_inf: float = FLT_MAX) -> torch.Tensor:
     """An Inf scale replaced by a finite one (FLT_MAX, or the input dtype's max in TE's
     blockwise kernels), as every TE scale computation does."""
-    return torch.where(torch.isinf(scale), torch.tensor(value_for_inf, dtype=torch.float32), scale)
+    # the fill on scale's device: where() copies a host tensor there, and the copy waits for the GPU
+    return torch.where(torch.isinf(scale), torch.full_like(scale, value_for_inf), scale)
 
 
 def _te(amax: torch.Tensor, fp8_max: float, opt: ScaleOptions) -> torch.Tensor:
     # recipe_common.cuh compute_scale_from_amax
-    amax = torch.where(amax < opt.eps, torch.tensor(opt.eps, dtype=torch.float32), amax)
+    amax = torch.where(amax < opt.eps, torch.full_like(amax, opt.eps), amax)
     scale = _inf_to(_scaled_max(fp8_max, opt.margin) / amax, opt.value_for_inf)
     if opt.power_of_2:
         scale = (scale.view(torch.int32) & -0x800000).view(torch.float32)  # & 0xFF800000

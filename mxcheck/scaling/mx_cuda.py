@@ -217,15 +217,18 @@ def _scale_layout(scale: torch.Tensor, m: int, k: int, block_rows: int | None,
 
 
 def scaled_encode(x: torch.Tensor, scale: torch.Tensor, fmt: FloatFormat, block_rows: int | None,
-                  block_cols: int | None) -> torch.Tensor | None:
+                  block_cols: int | None, rand: torch.Tensor | None = None) -> torch.Tensor | None:
     """uint8 codes of ``float32(x) * scale`` (one float32 multiply), RNE and saturating, as
     ``fp8._encode_scaled`` computes them, or None where the kernel cannot run (the caller
-    then takes the torch path). x: float32, bf16 or fp16, (M, K) with a scale per
+    then takes the torch path). ``rand``: uint8 random bits shaped like x, on its device:
+    stochastic rounding with u = rand / 256, as ``formats.encode_bits(..., "sr", u=...)``
+    (float32 uniforms are the torch path's). x: float32, bf16 or fp16, (M, K) with a scale per
     ``(block_rows, block_cols)`` block (None: the whole dimension), or any shape with both
     None. scale: float32 >= 0 (every FP8 scale formula's), on x's device, or one value on the
     CPU (DelayedScaling's), passed to the kernel by value. Formats: signed, <= 8 bits."""
     if (not _runs_here(x) or x.dtype not in _SCALED_ENCODE_INPUTS or scale.dtype != torch.float32
-            or not fmt.signed or fmt.bits > 8 or (kernels := _kernels()) is None):
+            or not fmt.signed or fmt.bits > 8 or (rand is not None and rand.dtype != torch.uint8)
+            or (kernels := _kernels()) is None):
         return None
     if block_rows is None and block_cols is None:
         x2 = x.reshape(1, -1)
@@ -245,9 +248,12 @@ def scaled_encode(x: torch.Tensor, scale: torch.Tensor, fmt: FloatFormat, block_
     on_host = scale.device.type == "cpu" and scale.numel() == 1
     mode = 0 if on_host else 1 if scale.numel() == 1 else 2
     scale_ptr = x2 if on_host else scale.to(x.device).contiguous()
+    if rand is not None and (rand.shape != x.shape or rand.device != x.device):
+        raise ValueError(f"rand of shape {tuple(rand.shape)} on {rand.device}: expected x's shape {tuple(x.shape)} "
+                         f"on {x.device}")
     kernels["scaled_encode"][((n + _BLOCK - 1) // _BLOCK,)](
-        x2, scale_ptr, float(scale) if on_host else 0.0, codes, n, k, stride_r, stride_c,
-        SCALE=mode, ROWS=rows, COLS=cols, MBITS=fmt.mbits, EMIN=fmt.emin, FMAX=fmt.max, BITS=fmt.bits,
+        x2, scale_ptr, float(scale) if on_host else 0.0, x2 if rand is None else rand.contiguous(), codes, n, k,
+        stride_r, stride_c, SCALE=mode, ROWS=rows, COLS=cols, ROUNDING=0 if rand is None else 3, MBITS=fmt.mbits, EMIN=fmt.emin, FMAX=fmt.max, BITS=fmt.bits,
         FNUZ=fmt.nan == "fnuz", NAN_CODE=0 if fmt.nan_code is None else fmt.nan_code,
         NAN_SIGNED=fmt.nan in ("ocp", "ieee"), WIDE=n + _BLOCK >= 2**31, BLOCK=_BLOCK)
     return codes

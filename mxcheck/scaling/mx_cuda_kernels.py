@@ -176,15 +176,16 @@ def mx_quantize_blocks(x_ptr, u_ptr, scales_ptr, codes_ptr, n_blocks, rows, stri
 
 
 @triton.jit
-def fp8_scaled_encode(x_ptr, scale_ptr, scale_value, codes_ptr, n, k, stride_r, stride_c,
-                      SCALE: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr,
+def fp8_scaled_encode(x_ptr, scale_ptr, scale_value, rand_ptr, codes_ptr, n, k, stride_r, stride_c,
+                      SCALE: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr, ROUNDING: tl.constexpr,
                       MBITS: tl.constexpr, EMIN: tl.constexpr, FMAX: tl.constexpr, BITS: tl.constexpr,
                       FNUZ: tl.constexpr, NAN_CODE: tl.constexpr, NAN_SIGNED: tl.constexpr,
                       WIDE: tl.constexpr, BLOCK: tl.constexpr):
     # x is (n / k, k), contiguous. SCALE: 0 the value scale_value (a scale held on the host),
     # 1 the one float32 at scale_ptr, 2 the scale of (row // ROWS, col // COLS) at those
     # strides (0 along a dimension one scale spans). Offsets are int64 only where n needs
-    # them (WIDE): an int64 division by k costs several times the memory traffic.
+    # them (WIDE): an int64 division by k costs several times the memory traffic. ROUNDING 0
+    # is RNE; 3 is SR with u = rand / 256 from uint8 bits (formats.check_rounding), exact.
     pid = tl.program_id(0)
     if WIDE:
         pid = pid.to(tl.int64)
@@ -199,7 +200,11 @@ def fp8_scaled_encode(x_ptr, scale_ptr, scale_value, codes_ptr, n, k, stride_r, 
     else:
         row, col = offs // k, offs % k
         scale = tl.load(scale_ptr + (row // ROWS) * stride_r + (col // COLS) * stride_c, mask=mask, other=1.0)
-    code, is_nan = encode_scaled(x, scale, 0.0, MBITS, EMIN, FMAX, BITS, FNUZ, 0)
+    if ROUNDING == 3:
+        u = tl.load(rand_ptr + offs, mask=mask, other=0).to(tl.float64) * (1.0 / 256)
+    else:
+        u = 0.0
+    code, is_nan = encode_scaled(x, scale, u, MBITS, EMIN, FMAX, BITS, FNUZ, ROUNDING)
     if NAN_SIGNED:
         # A NaN x keeps its sign, read from its own bits (as formats.encode; a widening
         # may drop it). A NaN the multiply makes (Inf * 0) is negative, as the torch path's

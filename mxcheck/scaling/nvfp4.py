@@ -32,7 +32,14 @@ from dataclasses import dataclass
 
 import torch
 
-from mxcheck.formats import FORMATS, check_quantize_input, check_rounding, decode_table, encode_bits
+from mxcheck.formats import (
+    FORMATS,
+    check_quantize_input,
+    check_rand,
+    decode_table,
+    encode_bits,
+    uniforms,
+)
 from mxcheck.hadamard import Hadamard, apply_hadamard, get_hadamard
 from mxcheck.scaling.blocks import block_amax, by_row_chunks, check_tiles, per_row
 from mxcheck.scaling.mx_cuda import scaled_encode
@@ -42,6 +49,7 @@ __all__ = ["NVFP4_BLOCK", "NVFP4Tensor", "nvfp4_quantize"]
 NVFP4_BLOCK = 16
 _E2M1 = FORMATS["e2m1"]
 _UE4M3 = FORMATS["ue4m3"]
+_E4M3 = FORMATS["e4m3"]
 _FLT_MAX = torch.finfo(torch.float32).max
 
 
@@ -51,7 +59,7 @@ def _f32(v: float) -> torch.Tensor:
 
 # The product fp8_max * fp4_max is exact; 1/6 and 1/(6*448) are float32 constants as in the
 # kernels (``constexpr float fp4_max_inv = 1.0f / 6.0f``, ``factor_inv = 1.0 / (6.0 * 448.0)``).
-_E4M3_X_E2M1_MAX = FORMATS["e4m3"].max * _E2M1.max  # 2688
+_E4M3_X_E2M1_MAX = _E4M3.max * _E2M1.max  # 2688
 _RCP_E2M1_MAX = 1.0 / _E2M1.max
 
 
@@ -104,6 +112,15 @@ def _global_encode_scale(amax: torch.Tensor) -> torch.Tensor:
     return torch.where((amax == 0) | (s_enc == 0), torch.ones_like(s_enc), s_enc)
 
 
+def _encode_block_scales(s_f32: torch.Tensor) -> torch.Tensor:
+    """ue4m3 codes of the float32 block scales (RNE, satfinite). They are >= 0 or NaN, so on
+    CUDA the fused e4m3 pass gives their codes but for the sign bit, which ue4m3 does not
+    have: it is cleared (a NaN's code is then 0x7F; a zero block's amax can be -0.0, as
+    ``torch.maximum(hi, -lo)`` keeps either zero, and its code 0)."""
+    codes = scaled_encode(s_f32, torch.ones(()), _E4M3, None, None)
+    return encode_bits(s_f32, _UE4M3, "rne", True) if codes is None else codes.bitwise_and_(0x7F)
+
+
 def _check_args(x: torch.Tensor, block_2d: bool) -> None:
     check_quantize_input(x, "nvfp4_quantize")
     if not isinstance(block_2d, bool):
@@ -133,7 +150,8 @@ def nvfp4_quantize(
     the elements, as TE's SR fallback (round away iff frac + bits/256 >= 1); None is RNE.
     """
     _check_args(x, block_2d)
-    u = None if rand is None else check_rounding("sr", rand, x)
+    if rand is not None:
+        check_rand(rand, x)
     rot = get_hadamard(hadamard)
     # Blocks are (..., rows, cols): a 1D input is one row. x keeps its dtype (amax is exact
     # there) unless rotated; the rotation runs in float32 on row chunks.
@@ -149,25 +167,26 @@ def nvfp4_quantize(
     rows = NVFP4_BLOCK if block_2d else 1
     vec_max = per_row(block_amax(work, rows, NVFP4_BLOCK), rows)
     s_f32 = torch.minimum(vec_max * (s_enc * _f32(_RCP_E2M1_MAX)), _f32(_FLT_MAX))
-    block_scales = encode_bits(s_f32, _UE4M3, "rne", True)
+    block_scales = _encode_block_scales(s_f32)
     # 3. Per-block encode scale from the *rounded* block scale, then the elements.
     s_blk = decode_table(_UE4M3, x.device).to(torch.float32)[block_scales.to(torch.int64)]
     enc = torch.minimum(1.0 / (s_blk * s_dec), _f32(_FLT_MAX)).unsqueeze(-1)
-    rounding = "rne" if u is None else "sr"
+    rounding = "rne" if rand is None else "sr"
 
-    def encode(xc: torch.Tensor, ec: torch.Tensor, uc: torch.Tensor | None) -> torch.Tensor:
+    def encode(xc: torch.Tensor, ec: torch.Tensor, rc: torch.Tensor | None) -> torch.Tensor:
         # x * enc in float32 (a float16 x widened first, as the reference reads it), clamped
         scaled = torch.clamp(xc.to(torch.float32) * ec, -_E2M1.max, _E2M1.max)
-        return encode_bits(scaled, _E2M1, rounding, True, uc)
+        return encode_bits(scaled, _E2M1, rounding, True, None if rc is None else uniforms(rc))
 
-    # On CUDA, RNE: one fused pass (mx_cuda.scaled_encode: x * enc, saturated, RNE), the same
-    # bits as the torch passes below (tests/test_nvfp4_fused.py compares CUDA with the CPU).
-    codes = None if u is not None else scaled_encode(work.reshape(-1, work.shape[-1]), enc.reshape(-1, enc.shape[-2]),
-                                                     _E2M1, 1, NVFP4_BLOCK)
+    # On CUDA one fused pass (mx_cuda.scaled_encode: x * enc, saturated, RNE or SR from the
+    # uint8 bits), the same bits as the torch passes below (tests/test_nvfp4_fused.py).
+    work2d = work.reshape(-1, work.shape[-1])
+    codes = scaled_encode(work2d, enc.reshape(-1, enc.shape[-2]), _E2M1, 1, NVFP4_BLOCK,
+                          None if rand is None else rand.reshape(work2d.shape))
     if codes is None:
         blocks = work.unflatten(-1, (-1, NVFP4_BLOCK))
-        u = None if u is None else u.reshape(work.shape).unflatten(-1, (-1, NVFP4_BLOCK))
-        codes = by_row_chunks(encode, blocks, enc, u).flatten(-2)
+        r = None if rand is None else rand.reshape(work.shape).unflatten(-1, (-1, NVFP4_BLOCK))
+        codes = by_row_chunks(encode, blocks, enc, r).flatten(-2)
     scale_shape = (*x.shape[:-1], x.shape[-1] // NVFP4_BLOCK)
     return NVFP4Tensor(
         codes=codes.reshape(x.shape),
