@@ -14,6 +14,7 @@ import warnings
 import pytest
 import torch
 
+from mxcheck import gemm
 from mxcheck.functions import quant_linear
 from mxcheck.functions.linear import make_delayed_states
 from mxcheck.recipes import DERIVED_RECIPES, RECIPES
@@ -52,11 +53,15 @@ def test_a_linear_forward_and_backward_make_no_synchronizing_call(recipe, gen, m
 
     step()  # compile the Triton kernels and make the cached constants first: steady state counts
     assert x.grad is not None and torch.isfinite(x.grad.float()).all()  # the premise: a real step ran
-    # DelayedScaling holds its amax history on the host (TE's update, run by torch): each
-    # update reads its amax. Those are the only reads allowed.
-    updates = []
-    update = DelayedScaling.update
-    monkeypatch.setattr(DelayedScaling, "update", lambda self, amax: (updates.append(1), update(self, amax)))
+    # Two reads are allowed, each counted here: DelayedScaling holds its amax history on the
+    # host (TE's update, run by torch), so each update reads its amax; and a GEMM operand that
+    # is neither MX nor tensor- or row-scaled FP8 (fp8-block's 1x128 and 128x128 blocks) is
+    # compared with its bf16 cast on the host to pick the bf16 or the float32 GEMM.
+    updates, bf16_checks = [], []
+    update, as_bf16 = DelayedScaling.update, gemm._as_bf16_exactly
+    monkeypatch.setattr(DelayedScaling, "update", lambda self, amax: (updates.append(1), update(self, amax))[1])
+    monkeypatch.setattr(gemm, "_as_bf16_exactly", lambda q, d: (bf16_checks.append(1), as_bf16(q, d))[1])
     got = synchronizing_calls(step)
-    assert len(got) == len(updates), got
-    assert bool(updates) == (recipe == "fp8-delayed")  # the premise: the count above is not vacuous
+    assert len(got) == len(updates) + len(bf16_checks), got
+    # the premise: the allowances are not vacuous, and no other recipe takes them
+    assert bool(updates) == (recipe == "fp8-delayed") and bool(bf16_checks) == (recipe == "fp8-block")

@@ -10,7 +10,7 @@ import torch
 
 from mxcheck.assertions import NumericsError
 from mxcheck.conformance._common import _bitwise, _device, _snr
-from mxcheck.gemm import dequantize_operand, quantize_operand
+from mxcheck.gemm import dequantize_operand, emulated_gemm, quantize_operand
 from mxcheck.recipes import OPERANDS, Recipe
 from mxcheck.rng import seeded_default_rng
 
@@ -100,8 +100,12 @@ def check_sr_unbiased(backend: Any, recipe: Recipe, gen: torch.Generator, numeri
                             "u=255/256 at every element: its random bits are ignored")
     x = dy.double()
     frac = torch.where(hi != lo, (x - lo) / (hi - lo), torch.zeros_like(x)).clamp(0, 1)
-    # dX passes through the GEMM's output dtype: a draw is one of the rounded neighbours.
-    lo_out, hi_out = (v.to(recipe.out_dtype).double() for v in (lo, hi))
+    # dX is the dgrad GEMM's output: a draw is one of the neighbours as that GEMM gives them
+    # (the oracle's, which for NVFP4 applies the tensor scales to the sum, not per value as
+    # dequantize does, so the two can round apart in the output dtype).
+    lo_out, hi_out = (emulated_gemm(quantize_operand(dy, recipe.g_row, rand=torch.full(
+        dy.shape, u, dtype=torch.uint8, device=dy.device)), eye, out_dtype=recipe.out_dtype).double()
+        for u in (0, 255))
     draws = _sr_dgrad(linear, recipe, dy.repeat(SR_DRAWS, 1), seed=11).double().view(SR_DRAWS, m, n)
     if not draws.abs().sum():
         raise NumericsError(f"recipe {recipe.name}: SR gave an all-zero gradient for a non-zero dY "
