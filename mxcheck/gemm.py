@@ -254,7 +254,7 @@ def _outer_scaled(q: QTensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     if isinstance(q, FP8Tensor) and FP8_GRANULARITIES[q.granularity].cols is None:
         return q.values(torch.bfloat16 if q.codes.is_cuda else torch.float32), q.scale_inv
     if isinstance(q, NVFP4Tensor):
-        return q.block_values(), q.tensor_scale
+        return q.block_values(torch.bfloat16 if q.codes.is_cuda else torch.float32), q.tensor_scale
     return None
 
 

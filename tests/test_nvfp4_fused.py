@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from mxcheck.formats import get_format
-from mxcheck.scaling.nvfp4 import nvfp4_quantize
+from mxcheck.scaling.nvfp4 import NVFP4Tensor, nvfp4_quantize
 from tests.test_encode_paths import hard_points
 from tests.test_mx_fused import interpreted  # noqa: F401  (a fixture)
 from tests.test_nvfp4 import blocks_at_magnitudes
@@ -107,3 +107,35 @@ def test_nvfp4_fused_encode_in_the_interpreter_equals_the_torch_path(block_2d, r
         assert not torch.equal(want.codes, nvfp4_quantize(x, block_2d=block_2d).codes)
     monkeypatch.setenv("MXCHECK_FUSED_MX", "1")
     same_nvfp4(nvfp4_quantize(x, block_2d=block_2d, rand=rand), want)
+
+
+def every_code_pair() -> NVFP4Tensor:
+    """Row r: 16 blocks under the ue4m3 scale code r (0..127, 127 the NaN), each block the
+    16 e2m1 codes: every (element code, scale code) pair."""
+    codes = torch.arange(16, dtype=torch.uint8).repeat(128, 16)
+    scales = torch.arange(128, dtype=torch.uint8)[:, None].expand(128, 16).contiguous()
+    return NVFP4Tensor(codes=codes, block_scales=scales, tensor_scale=torch.tensor(1.0), amax=torch.tensor(2688.0))
+
+
+def same_bf16_values(got: torch.Tensor, want: torch.Tensor) -> None:
+    assert got.dtype == want.dtype == torch.bfloat16
+    nan = torch.isnan(want)
+    assert torch.equal(torch.isnan(got), nan)
+    assert torch.equal(got[~nan].view(torch.int16), want[~nan].view(torch.int16))  # -0.0 apart from +0.0
+
+
+@pytest.mark.emulated
+def test_nvfp4_fused_block_values_in_the_interpreter_equal_the_torch_path(interpreted):  # noqa: F811
+    q = every_code_pair()
+    want = q.block_values()
+    assert torch.equal(want.bfloat16().float()[~torch.isnan(want)], want[~torch.isnan(want)])  # exact in bf16
+    same_bf16_values(q.block_values(torch.bfloat16), want.bfloat16())
+
+
+@pytest.mark.cuda
+def test_nvfp4_block_values_on_cuda_equal_the_cpu():
+    pytest.importorskip("triton")
+    q = every_code_pair()
+    gpu = NVFP4Tensor(codes=q.codes.cuda(), block_scales=q.block_scales.cuda(), tensor_scale=q.tensor_scale.cuda(),
+                      amax=q.amax.cuda())
+    same_bf16_values(gpu.block_values(torch.bfloat16).cpu(), q.block_values().bfloat16())

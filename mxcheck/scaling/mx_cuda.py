@@ -101,11 +101,13 @@ def _kernels() -> dict[str, Any] | None:
 
 def dequantize_bf16(codes: torch.Tensor, scales: torch.Tensor, table: torch.Tensor, block_size: int,
                     inexact: torch.Tensor | None = None, lowest_byte: int = 0,
-                    magnitude_mask: int = 0) -> torch.Tensor | None:
+                    magnitude_mask: int = 0, scale_table: torch.Tensor | None = None) -> torch.Tensor | None:
     """bf16 ``table[codes] * 2**(scales - 127)`` per ``block_size`` run of the last axis, or
     None when the kernel cannot run here (no Triton, not CUDA). ``inexact`` (int32, one
     element): set to 1 on the device where a code with a nonzero ``magnitude_mask`` part
-    sits under a byte below ``lowest_byte`` (its value is not a bf16), with no host read."""
+    sits under a byte below ``lowest_byte`` (its value is not a bf16), with no host read.
+    ``scale_table``: the scales are codes of this float32 table (NVFP4's ue4m3), not E8M0
+    bytes; the float32 product is rounded to bf16 (exact where it has <= 8 significant bits)."""
     if not _runs_here(codes) or (kernels := _kernels()) is None:
         return None
     codes, scales = codes.contiguous(), scales.contiguous()
@@ -113,10 +115,12 @@ def dequantize_bf16(codes: torch.Tensor, scales: torch.Tensor, table: torch.Tens
     out = torch.empty(codes.shape, dtype=torch.bfloat16, device=codes.device)
     n = codes.numel()
     if n:  # without a flag, codes stand in for the pointer the kernel then does not touch
+        table = table.to(torch.float32).contiguous()
         kernels["dequantize"][((n + _BLOCK - 1) // _BLOCK,)](
-            codes, scales, table.to(torch.float32).contiguous(), out, codes if inexact is None else inexact, n, k,
-            scales.shape[-1], MX_BLOCK=block_size, BLOCK=_BLOCK,
-            LOWEST_BYTE=lowest_byte if inexact is not None else 0, MAGNITUDE_MASK=magnitude_mask)
+            codes, scales, table, table if scale_table is None else scale_table.to(torch.float32).contiguous(), out,
+            codes if inexact is None else inexact, n, k, scales.shape[-1], MX_BLOCK=block_size, BLOCK=_BLOCK,
+            LOWEST_BYTE=lowest_byte if inexact is not None else 0, MAGNITUDE_MASK=magnitude_mask,
+            SCALE_TABLE=scale_table is not None)
     return out
 
 

@@ -41,24 +41,30 @@ def encode_scaled(x, mult, u, MBITS: tl.constexpr, EMIN: tl.constexpr, FMAX: tl.
 
 
 @triton.jit
-def _mx_values(codes_ptr, scales_ptr, table_ptr, offs, row, col, mask, scale_k, MX_BLOCK: tl.constexpr):
-    """float32 table[code] * 2**(s - 127) of the code at offs, (row, col), exact
-    (MXTensor.dequantize); (the code, the byte) too. Byte 0 is the subnormal 2**-127 and
-    255 NaN. offs is passed apart from row * k + col so contiguous loads stay vectorized."""
+def _mx_values(codes_ptr, scales_ptr, table_ptr, scale_table_ptr, offs, row, col, mask, scale_k,
+               MX_BLOCK: tl.constexpr, SCALE_TABLE: tl.constexpr):
+    """float32 table[code] * its block's scale of the code at offs, (row, col), exact
+    (MXTensor.dequantize, NVFP4Tensor.block_values); (the code, the scale code) too. The
+    scale is 2**(s - 127) of an E8M0 byte s (0 the subnormal 2**-127, 255 NaN), or with
+    SCALE_TABLE scale_table[s] (NVFP4's ue4m3). offs is passed apart from row * k + col so
+    contiguous loads stay vectorized."""
     code = tl.load(codes_ptr + offs, mask=mask, other=0).to(tl.int32)
     s = tl.load(scales_ptr + row * scale_k + col // MX_BLOCK, mask=mask, other=127).to(tl.int32)
-    bits = tl.where(s == 0, 1 << 22, tl.where(s == 255, 0x7FC00000, s << 23))
-    return tl.load(table_ptr + code, mask=mask, other=0.0) * bits.to(tl.float32, bitcast=True), code, s
+    if SCALE_TABLE:
+        scale = tl.load(scale_table_ptr + s, mask=mask, other=1.0)
+    else:
+        scale = tl.where(s == 0, 1 << 22, tl.where(s == 255, 0x7FC00000, s << 23)).to(tl.float32, bitcast=True)
+    return tl.load(table_ptr + code, mask=mask, other=0.0) * scale, code, s
 
 
 @triton.jit
-def mx_dequant_bf16(codes_ptr, scales_ptr, table_ptr, out_ptr, inexact_ptr, n, k, scale_k,
+def mx_dequant_bf16(codes_ptr, scales_ptr, table_ptr, scale_table_ptr, out_ptr, inexact_ptr, n, k, scale_k,
                     MX_BLOCK: tl.constexpr, BLOCK: tl.constexpr, LOWEST_BYTE: tl.constexpr,
-                    MAGNITUDE_MASK: tl.constexpr):
+                    MAGNITUDE_MASK: tl.constexpr, SCALE_TABLE: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
-    value, code, s = _mx_values(codes_ptr, scales_ptr, table_ptr, offs, offs // k, offs % k, mask, scale_k,
-                                MX_BLOCK)
+    value, code, s = _mx_values(codes_ptr, scales_ptr, table_ptr, scale_table_ptr, offs, offs // k, offs % k, mask,
+                                scale_k, MX_BLOCK, SCALE_TABLE)
     tl.store(out_ptr + offs, value.to(tl.bfloat16), mask=mask)
     if LOWEST_BYTE > 0:  # gemm.mx_fits_bf16 on the device: a nonzero code under too small a byte
         inexact = tl.max((mask & (s < LOWEST_BYTE) & ((code & MAGNITUDE_MASK) != 0)).to(tl.int32))
@@ -81,10 +87,10 @@ def mx_gemm_f32_where_inexact(inexact_ptr, a_ptr, sa_ptr, ta_ptr, b_ptr, sb_ptr,
     k0 = 0
     while k0 < k:  # not range(): Triton's interpreter cannot take a runtime bound there
         rk = k0 + tl.arange(0, BK)
-        a, _, _ = _mx_values(a_ptr, sa_ptr, ta_ptr, rm[:, None] * ka + rk[None, :], rm[:, None], rk[None, :],
-                             (rm[:, None] < m) & (rk[None, :] < ka), sa_k, BLOCK_A)
-        b, _, _ = _mx_values(b_ptr, sb_ptr, tb_ptr, rn[:, None] * kb + rk[None, :], rn[:, None], rk[None, :],
-                             (rn[:, None] < n) & (rk[None, :] < kb), sb_k, BLOCK_B)
+        a, _, _ = _mx_values(a_ptr, sa_ptr, ta_ptr, ta_ptr, rm[:, None] * ka + rk[None, :], rm[:, None],
+                             rk[None, :], (rm[:, None] < m) & (rk[None, :] < ka), sa_k, BLOCK_A, False)
+        b, _, _ = _mx_values(b_ptr, sb_ptr, tb_ptr, tb_ptr, rn[:, None] * kb + rk[None, :], rn[:, None],
+                             rk[None, :], (rn[:, None] < n) & (rk[None, :] < kb), sb_k, BLOCK_B, False)
         acc = tl.dot(a, tl.trans(b), acc, input_precision="ieee")
         k0 += BK
     tl.store(y_ptr + rm[:, None] * n + rn[None, :], acc.to(y_ptr.dtype.element_ty),

@@ -42,7 +42,7 @@ from mxcheck.formats import (
 )
 from mxcheck.hadamard import Hadamard, apply_hadamard, get_hadamard
 from mxcheck.scaling.blocks import block_amax, by_row_chunks, check_tiles, per_row
-from mxcheck.scaling.mx_cuda import scaled_encode
+from mxcheck.scaling.mx_cuda import dequantize_bf16, scaled_encode
 
 __all__ = ["NVFP4_BLOCK", "NVFP4Tensor", "nvfp4_quantize"]
 
@@ -84,10 +84,17 @@ class NVFP4Tensor:
     block_2d: bool = False
     hadamard: Hadamard | None = None
 
-    def block_values(self) -> torch.Tensor:
-        """float32 ``e2m1 * fp32(s)``, exact (at most 6 significant bits, so exact in bf16
-        too): what an NVFP4 GEMM multiplies before applying the tensor scales (TE's alpha)."""
-        return self._times_block(self._scale_values().unsqueeze(-1))
+    def block_values(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """``e2m1 * fp32(s)`` in dtype, exact in float32 and bf16 (at most 6 significant
+        bits): what an NVFP4 GEMM multiplies before applying the tensor scales (TE's alpha).
+        bf16 on CUDA is one fused pass (``mx_cuda.dequantize_bf16`` with the ue4m3 table)."""
+        if dtype == torch.bfloat16:
+            device = self.codes.device
+            fused = dequantize_bf16(self.codes, self.block_scales, decode_table(_E2M1, device), NVFP4_BLOCK,
+                                    scale_table=decode_table(_UE4M3, device))
+            if fused is not None:
+                return fused
+        return self._times_block(self._scale_values().unsqueeze(-1)).to(dtype)
 
     def _scale_values(self) -> torch.Tensor:
         return decode_table(_UE4M3, self.codes.device).to(torch.float32)[self.block_scales.to(torch.int64)]
