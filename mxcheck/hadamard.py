@@ -175,10 +175,18 @@ def _walsh_hadamard(x: torch.Tensor) -> torch.Tensor:
     lead = x.shape[:-1]
     h = 1
     while h < n:
-        # Pairs (i, i + h) inside each run of 2h become (a + b, a - b).
+        # Pairs (i, i + h) inside each run of 2h become (a + b, a - b), written straight into
+        # their places (no third full-size pass, a stack, per stage) unless autograd records
+        # the ops (out= is not differentiable).
         y = x.reshape(*lead, n // (2 * h), 2, h)
         a, b = y[..., 0, :], y[..., 1, :]
-        x = torch.stack((a + b, a - b), dim=-2).reshape(*lead, n)
+        if x.requires_grad and torch.is_grad_enabled():
+            out = torch.stack((a + b, a - b), dim=-2)
+        else:
+            out = torch.empty_like(y)
+            torch.add(a, b, out=out[..., 0, :])
+            torch.sub(a, b, out=out[..., 1, :])
+        x = out.reshape(*lead, n)
         h *= 2
     return x
 

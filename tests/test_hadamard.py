@@ -307,6 +307,23 @@ def test_apply_hadamard_does_not_modify_its_input(gen):
     assert torch.equal(x, before)
 
 
+@pytest.mark.parametrize("h", [HADAMARDS["h16x2"], Hadamard(16, signs=HADAMARDS["h16_te"].signs), Hadamard(32)],
+                         ids=["h16x2", "h16-te-signs", "h32-exact"])
+def test_apply_hadamard_is_differentiable_and_gives_the_same_values_with_and_without_autograd(h, gen):
+    # The butterflies write into place when autograd does not record them and stack when it
+    # does: the same additions, so the same bits; the gradient of sum(w * y) is w times the
+    # rotation's transpose (rotations without bf16 rounding, whose rounding has no gradient).
+    x = torch.randn(4, 64, generator=gen, dtype=torch.float64)
+    w = torch.randn(4, 64, generator=gen, dtype=torch.float64)
+    xg = x.clone().requires_grad_()
+    y = apply_hadamard(xg, h)
+    assert torch.equal(y.detach(), apply_hadamard(x, h))
+    (y * w).sum().backward()
+    block = h.matrix(torch.float64)
+    want = (w.reshape(4, -1, h.size) @ block.T).reshape(4, 64)
+    torch.testing.assert_close(xg.grad, want, rtol=1e-12, atol=1e-12)
+
+
 # ------------------------------------------------------------------ GEMM invariance
 
 
