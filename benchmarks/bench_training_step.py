@@ -9,7 +9,9 @@ bf16 compute, forward, backward, then AdamW on an FP32 master copy and the copy 
 baseline is the same model with nn.Linear (no recipe). Every model is built first; then
 ``--rounds`` rounds time bf16 and each recipe in turn (a median of ``--steps`` steps after
 two each). A recipe's ratio is the median over rounds of its time / that round's bf16 time
-(issue 15 goal: <= 1.5x); each round's ratio is printed too.
+(issue 15 goal: <= 1.5x); each round's ratio is printed too. Every model, its FP32 master and
+AdamW state live at once (about 9 GB each for flux-535m): on a small CPU machine pass
+``--model flux-small`` or fewer ``--recipes``.
 ``--profile N`` prints torch.profiler's N most expensive ops (self device time on CUDA,
 self CPU time on a CPU) of one step per recipe: where the step's extra time goes.
 ``--compile-quantizers`` is an experiment, not a supported mode: it wraps the quantizers

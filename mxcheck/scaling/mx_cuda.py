@@ -257,7 +257,8 @@ def scaled_encode(x: torch.Tensor, scale: torch.Tensor, fmt: FloatFormat, block_
                          f"on {x.device}")
     kernels["scaled_encode"][((n + _BLOCK - 1) // _BLOCK,)](
         x2, scale_ptr, float(scale) if on_host else 0.0, x2 if rand is None else rand.contiguous(), codes, n, k,
-        stride_r, stride_c, SCALE=mode, ROWS=rows, COLS=cols, ROUNDING=0 if rand is None else 3, MBITS=fmt.mbits, EMIN=fmt.emin, FMAX=fmt.max, BITS=fmt.bits,
+        stride_r, stride_c, SCALE=mode, ROWS=rows, COLS=cols, ROUNDING=0 if rand is None else 3,
+        MBITS=fmt.mbits, EMIN=fmt.emin, FMAX=fmt.max, BITS=fmt.bits,
         FNUZ=fmt.nan == "fnuz", NAN_CODE=0 if fmt.nan_code is None else fmt.nan_code,
         NAN_SIGNED=fmt.nan in ("ocp", "ieee"), WIDE=n + _BLOCK >= 2**31, BLOCK=_BLOCK)
     return codes
