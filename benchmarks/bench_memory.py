@@ -23,6 +23,7 @@ import torch
 
 GOAL = 2.0
 # name -> (function, kwargs); mx_quantize's element formats at the rules the recipes use.
+# ``"rand": "uint8"``: SR bits shaped like the input, made before the measure (an input too).
 CASES = {
     "mx e2m1 floor": ("mx", {"fmt": "e2m1"}),
     "mx e2m1 even": ("mx", {"fmt": "e2m1", "scale_rule": "even"}),
@@ -34,6 +35,7 @@ CASES = {
     "mx e4m3 rceil (mxfp8)": ("mx", {"fmt": "e4m3", "scale_rule": "rceil"}),
     "nvfp4": ("nvfp4", {}),
     "nvfp4 16x16": ("nvfp4", {"block_2d": True}),
+    "nvfp4 sr (gradients)": ("nvfp4", {"rand": "uint8"}),
     "fp8 e4m3 tensor": ("fp8", {"fmt": "e4m3"}),
     "fp8 e4m3 row": ("fp8", {"fmt": "e4m3", "granularity": "row"}),
     "fp8 e4m3 block1x128": ("fp8", {"fmt": "e4m3", "granularity": "block1x128"}),
@@ -56,8 +58,12 @@ def measure(case: str, rows: int, cols: int, device: str) -> dict:
     kind, kw = CASES[case]
     fn = _quantizer(kind)
     g = torch.Generator(device=device).manual_seed(0)
-    fn(torch.randn(64, 256, device=device, generator=g, dtype=torch.bfloat16), **kw)  # warm-up
+    small = torch.randn(64, 256, device=device, generator=g, dtype=torch.bfloat16)
+    fn(small, **(kw if "rand" not in kw else {**kw, "rand": torch.zeros(small.shape, dtype=torch.uint8,
+                                                                        device=device)}))  # warm-up
     x = torch.randn(rows, cols, device=device, generator=g, dtype=torch.bfloat16)
+    if kw.get("rand") == "uint8":
+        kw = {**kw, "rand": torch.randint(0, 256, x.shape, device=device, generator=g, dtype=torch.uint8)}
     if device == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
