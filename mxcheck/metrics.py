@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from mxcheck.formats import FloatFormat, decode, encode, get_format
+from mxcheck.scaling.blocks import CPU_CHUNK_ELEMENTS
 
 __all__ = [
     "ULP_NAN",
@@ -34,8 +35,8 @@ __all__ = [
 ULP_NAN = 2**40
 
 
-def _pair_float64(test: torch.Tensor, ref: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Validate a (test, ref) pair and return both as float64."""
+def _check_pair(test: torch.Tensor, ref: torch.Tensor) -> None:
+    """A (test, ref) pair of real tensors of one shape on one device, not empty."""
     for name, t in (("test", test), ("ref", ref)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -50,6 +51,11 @@ def _pair_float64(test: torch.Tensor, ref: torch.Tensor) -> tuple[torch.Tensor, 
         raise ValueError(f"test is on {test.device} and ref on {ref.device}; move them to one device")
     if test.numel() == 0:
         raise ValueError(f"test and ref are empty (shape {tuple(test.shape)}): nothing to compare")
+
+
+def _pair_float64(test: torch.Tensor, ref: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Validate a (test, ref) pair and return both as float64."""
+    _check_pair(test, ref)
     # metrics measure values, not graphs: a tensor that requires grad is read detached
     return test.detach().to(torch.float64), ref.detach().to(torch.float64)
 
@@ -110,17 +116,26 @@ class Comparison:
 
 
 def compare(test: torch.Tensor, ref: torch.Tensor) -> Comparison:
-    """The three metrics from one float64 copy of each input and one difference: dot
-    products instead of squared temporaries, for tensors of hundreds of millions of
-    elements. Equal to ``snr_db``, ``cosine`` and ``max_abs_error`` up to float64
-    summation order."""
-    t, r = (v.reshape(-1) for v in _pair_float64(test, ref))
-    d = t - r
-    lo, hi = torch.aminmax(d)
-    ref_sq = float(torch.dot(r, r))
-    return Comparison(snr_db=_snr_from_sums(ref_sq, float(torch.dot(d, d))),
-                      cosine=_cosine_from_sums(float(torch.dot(t, t)), ref_sq, float(torch.dot(t, r))),
-                      max_abs_error=max(abs(float(lo)), abs(float(hi))))
+    """The three metrics from dot products instead of squared temporaries, for tensors of
+    hundreds of millions of elements: on a CPU, over float64 copies of one chunk of
+    ``CPU_CHUNK_ELEMENTS`` at a time (a full-size float64 copy of a large wgrad is a
+    page-faulting allocation per call, as much system time as arithmetic). Equal to
+    ``snr_db``, ``cosine`` and ``max_abs_error`` up to float64 summation order."""
+    _check_pair(test, ref)
+    flat_t, flat_r = test.detach().reshape(-1), ref.detach().reshape(-1)
+    n = flat_t.numel()
+    step = n if flat_t.is_cuda else CPU_CHUNK_ELEMENTS
+    tt = rr = tr = dd = 0.0
+    max_abs = 0.0
+    for i in range(0, n, step):
+        t, r = flat_t[i:i + step].to(torch.float64), flat_r[i:i + step].to(torch.float64)
+        d = t - r
+        lo, hi = torch.aminmax(d)
+        worst = max(abs(float(lo)), abs(float(hi)))  # a NaN makes both NaN
+        max_abs = math.nan if math.isnan(worst) or math.isnan(max_abs) else max(max_abs, worst)
+        tt, rr, tr, dd = (tt + float(torch.dot(t, t)), rr + float(torch.dot(r, r)), tr + float(torch.dot(t, r)),
+                          dd + float(torch.dot(d, d)))
+    return Comparison(snr_db=_snr_from_sums(rr, dd), cosine=_cosine_from_sums(tt, rr, tr), max_abs_error=max_abs)
 
 
 def relative_error(test: torch.Tensor, ref: torch.Tensor) -> float:

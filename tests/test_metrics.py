@@ -369,6 +369,24 @@ def test_compare_equals_the_three_metrics(test, ref):
         assert (math.isnan(got) and math.isnan(want)) or got == pytest.approx(want, rel=1e-12, abs=0)
 
 
+@pytest.mark.parametrize("special", [None, float("nan"), float("inf")])
+def test_compare_over_chunks_equals_the_three_metrics(special, gen, monkeypatch):
+    # On a CPU compare reads float64 copies of one chunk at a time; here 7 chunks, the last
+    # one short, a NaN or Inf (if any) in the 5th: the sums, the max and NaN carry across.
+    import mxcheck.metrics as metrics
+
+    monkeypatch.setattr(metrics, "CPU_CHUNK_ELEMENTS", 100)
+    t = torch.randn(13, 50, generator=gen)
+    r = t + torch.randn(13, 50, generator=gen) * 1e-3
+    if special is not None:
+        t[9, 3] = special
+    c = metrics.compare(t.bfloat16(), r)
+    for got, want in ((c.snr_db, snr_db(t.bfloat16(), r)), (c.cosine, cosine(t.bfloat16(), r)),
+                      (c.max_abs_error, max_abs_error(t.bfloat16(), r))):
+        assert (math.isnan(got) and math.isnan(want)) or got == pytest.approx(want, rel=1e-12, abs=0)
+    assert math.isnan(c.max_abs_error) == (special is not None and math.isnan(special))  # the premise
+
+
 def test_cosine_of_a_nan_or_inf_is_nan_not_a_clamp_bound():
     assert math.isnan(cosine(torch.tensor([1.0, float("nan")]), torch.tensor([1.0, 2.0])))
     assert math.isnan(cosine(torch.tensor([float("inf"), 1.0]), torch.tensor([1.0, 1.0])))
