@@ -321,6 +321,33 @@ def test_hadamard_rotates_before_scaling(gen):
     assert not torch.equal(a.codes, mx_quantize(x, "e2m1", scale_rule="even").codes)
 
 
+@pytest.mark.parametrize(("shape", "axis"), [((40, 96), -1), ((96, 40), 0), ((3, 13, 64), -1), ((256,), 0)],
+                         ids=["rows", "axis0", "3d", "1d"])
+@pytest.mark.parametrize(("fmt", "kw"), [
+    ("e2m3", dict(scale_rule="floor", rounding="half_away", hadamard="h32", zero_scale=127)),  # mxfp6
+    ("e2m1", dict(scale_rule="even", hadamard="h16x2")),
+    ("e4m3", dict(scale_rule="rceil", hadamard="h16_te", rounding="sr")),
+], ids=["mxfp6", "h16x2", "h16_te-sr"])
+def test_a_rotated_quantize_in_row_chunks_equals_quantizing_the_rotated_tensor(fmt, kw, shape, axis, gen,
+                                                                                monkeypatch):
+    # On a CPU a rotated quantize rotates, scales and encodes one row chunk at a time (no
+    # full-size rotated copy); here chunks of 256 elements, the last one short, against
+    # quantizing the tensor rotated whole. A NaN block and a zero block ride along.
+    import mxcheck.scaling.blocks as blocks
+
+    x = torch.randn(shape, generator=gen) * 4
+    x.view(-1)[:32] = 0.0
+    x.view(-1)[100] = float("nan")
+    rand = torch.randint(0, 256, shape, generator=gen, dtype=torch.uint8) if kw.get("rounding") == "sr" else None
+    rot = get_hadamard(kw["hadamard"])
+    plain = {k: v for k, v in kw.items() if k != "hadamard"}
+    want = mx_quantize(apply_hadamard(x, rot, axis=axis), fmt, axis=axis, rand=rand, **plain)
+    monkeypatch.setattr(blocks, "CPU_CHUNK_ELEMENTS", 256)
+    assert len(blocks.chunk_rows(x.movedim(axis, -1))) > 2 or len(shape) == 1  # the premise: chunks
+    got = mx_quantize(x, fmt, axis=axis, rand=rand, **kw)
+    assert torch.equal(got.codes, want.codes) and torch.equal(got.scales, want.scales)
+
+
 def test_bf16_and_fp16_inputs_quantize_as_their_float32_values(gen):
     x = torch.randn(8, 64, generator=gen).bfloat16()
     a = mx_quantize(x, "e4m3")

@@ -22,6 +22,7 @@ from mxcheck.scaling.blocks import (
     by_row_chunks,
     check_axis,
     check_tiles,
+    chunk_rows,
     pad_last,
     per_row,
 )
@@ -128,6 +129,8 @@ def mx_quantize(
     fused = quantize_blocks(xs, fmt, hadamard=rot, block_2d=block_2d, **kw)
     if fused is not None:
         codes, scales = fused
+    elif rot is not None and not block_2d and not xs.is_cuda:
+        codes, scales = _quantize_rotated_rows(xs, rot, fmt, **kw)
     else:
         if rot is not None:
             xs = by_row_chunks(lambda t: apply_hadamard(t, rot, axis=-1), xs)
@@ -138,6 +141,22 @@ def mx_quantize(
     return MXTensor(codes=codes.movedim(-1, axis), scales=scales.movedim(-1, axis), fmt=fmt,
                     block_size=block_size, axis=axis, shape=tuple(x.shape), scale_rule=scale_rule,
                     rounding=rounding, block_2d=block_2d, hadamard=rot, zero_scale=zero_scale)
+
+
+def _quantize_rotated_rows(xs: torch.Tensor, rot: Hadamard, fmt: FloatFormat, *, block_size: int, scale_rule: str,
+                           zero_scale: int, rounding: str,
+                           u: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes, scale bytes) of xs (..., C) rotated along its last axis, one row chunk at a
+    time: rotate, amax, bytes, encode. Every step stays inside a row, so the bits are those
+    of rotating the whole tensor first, without its full-size float32 copy (1D blocks only:
+    a 2D tile spans rows that a chunk may split)."""
+    codes = torch.empty(xs.shape, dtype=torch.uint8, device=xs.device)
+    scales = torch.empty((*xs.shape[:-1], xs.shape[-1] // block_size), dtype=torch.uint8, device=xs.device)
+    for rows in chunk_rows(xs):
+        r = apply_hadamard(xs[rows], rot, axis=-1)
+        scales[rows] = scale_bytes(block_amax(r, 1, block_size), fmt, scale_rule, zero_scale)
+        codes[rows] = _encode_blocks(r, scales[rows], fmt, rounding, None if u is None else u[rows], block_size)
+    return codes, scales
 
 
 def _blocked_axis_last(x: torch.Tensor, u: torch.Tensor | None, axis: int, block_size: int,
