@@ -38,6 +38,7 @@ CASES = {
     "nvfp4": ("nvfp4", {}),
     "nvfp4 16x16": ("nvfp4", {"block_2d": True}),
     "nvfp4 sr (gradients)": ("nvfp4", {"rand": "uint8"}),
+    "nvfp4 rht sr (g_col)": ("nvfp4", {"hadamard": "h16_te", "rand": "uint8"}),
     "fp8 e4m3 tensor": ("fp8", {"fmt": "e4m3"}),
     "fp8 e4m3 row": ("fp8", {"fmt": "e4m3", "granularity": "row"}),
     "fp8 e4m3 block1x128": ("fp8", {"fmt": "e4m3", "granularity": "block1x128"}),
