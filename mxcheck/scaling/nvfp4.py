@@ -161,10 +161,12 @@ def nvfp4_quantize(
         check_rand(rand, x)
     rot = get_hadamard(hadamard)
     # Blocks are (..., rows, cols): a 1D input is one row. x keeps its dtype (amax is exact
-    # there) unless rotated; the rotation runs in float32 on row chunks.
+    # there) unless rotated; the rotation runs in float32 on row chunks, and is kept in the
+    # dtype it rounds its output to (TE's RHT: bf16, which holds those values exactly).
     work = x if x.ndim >= 2 else x.unsqueeze(0)
     if rot is not None:
-        work = by_row_chunks(lambda t: apply_hadamard(t.to(torch.float32), rot, axis=-1), work)
+        kept = rot.round_output_to or torch.float32
+        work = by_row_chunks(lambda t: apply_hadamard(t.to(torch.float32), rot, axis=-1).to(kept), work)
 
     # 1. Global amax and the global encode / decode scales.
     amax = block_amax(work.reshape(1, -1), 1, work.numel()).reshape(()) if work.numel() else torch.zeros((), device=x.device)
