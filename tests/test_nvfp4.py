@@ -135,6 +135,23 @@ def test_codes_and_scales_match_te_reference_transcription(block_2d, dtype, data
     assert bool((q.codes[neg_zero] == 0x8).all())
 
 
+def test_block_scales_encode_as_ue4m3_on_every_value_midpoint_and_neighbour(gen):
+    # nvfp4 encodes its block scales (>= 0 or NaN) as e4m3 codes with the sign bit cleared;
+    # here against the ue4m3 integer-path encode on every ue4m3 value, midpoint and their
+    # float32 neighbours, 0, -0.0 (an all-zero block's amax can be one), +NaN and -NaN,
+    # subnormals, past max and FLT_MAX.
+    from mxcheck.formats import encode_bits_int, get_format
+    from mxcheck.scaling.nvfp4 import _encode_block_scales
+    from tests.test_encode_paths import hard_points
+
+    ue4m3 = get_format("ue4m3")
+    x = hard_points(ue4m3, gen)
+    x = torch.cat([x[(x >= 0) & ~torch.isnan(x)], torch.tensor([-0.0, math.nan, -math.nan, 3.4e38])])
+    assert bool(torch.signbit(x).any())  # the premise: a -0.0 and a negative NaN are there
+    want = encode_bits_int(x, ue4m3, "rne", True, None)
+    assert torch.equal(_encode_block_scales(x.clone()), want)
+
+
 def test_scale_covers_ue4m3_subnormal_and_zero_codes(gen):
     # Precondition of the transcription test being meaningful for TE's no-lower-clamp policy.
     q = nvfp4_quantize(blocks_at_magnitudes(gen, 64, 128, -24, 0))

@@ -120,12 +120,14 @@ def _global_encode_scale(amax: torch.Tensor) -> torch.Tensor:
 
 
 def _encode_block_scales(s_f32: torch.Tensor) -> torch.Tensor:
-    """ue4m3 codes of the float32 block scales (RNE, satfinite). They are >= 0 or NaN, so on
-    CUDA the fused e4m3 pass gives their codes but for the sign bit, which ue4m3 does not
-    have: it is cleared (a NaN's code is then 0x7F; a zero block's amax can be -0.0, as
-    ``torch.maximum(hi, -lo)`` keeps either zero, and its code 0)."""
+    """ue4m3 codes of the float32 block scales (RNE, satfinite). They are >= 0 or NaN, so the
+    e4m3 codes (the fused pass on CUDA, the float path elsewhere, lighter than the unsigned
+    integer path) are theirs but for the sign bit, which ue4m3 does not have: it is cleared
+    (a NaN's code is then 0x7F; a zero block's amax can be -0.0, as ``torch.maximum(hi,
+    -lo)`` keeps either zero, and its code 0). tests/test_nvfp4.py holds this to the ue4m3
+    encode on every value, midpoint and neighbour."""
     codes = scaled_encode(s_f32, torch.ones(()), _E4M3, None, None)
-    return encode_bits(s_f32, _UE4M3, "rne", True) if codes is None else codes.bitwise_and_(0x7F)
+    return (encode_bits(s_f32, _E4M3, "rne", True) if codes is None else codes).bitwise_and_(0x7F)
 
 
 def _check_args(x: torch.Tensor, block_2d: bool) -> None:
