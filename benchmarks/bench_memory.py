@@ -51,6 +51,13 @@ def _quantizer(kind: str):
     return {"mx": mxcheck.mx_quantize, "nvfp4": mxcheck.nvfp4_quantize, "fp8": mxcheck.fp8_quantize}[kind]
 
 
+def _with_rand(kw: dict, x: torch.Tensor, g: torch.Generator) -> dict:
+    """kw with SR bits shaped like x where the case asks for them (``"rand": "uint8"``)."""
+    if kw.get("rand") != "uint8":
+        return kw
+    return {**kw, "rand": torch.randint(0, 256, x.shape, device=x.device, generator=g, dtype=torch.uint8)}
+
+
 def _rss_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * resource.getpagesize()
@@ -62,11 +69,9 @@ def measure(case: str, rows: int, cols: int, device: str) -> dict:
     fn = _quantizer(kind)
     g = torch.Generator(device=device).manual_seed(0)
     small = torch.randn(64, 256, device=device, generator=g, dtype=torch.bfloat16)
-    fn(small, **(kw if "rand" not in kw else {**kw, "rand": torch.zeros(small.shape, dtype=torch.uint8,
-                                                                        device=device)}))  # warm-up
+    fn(small, **_with_rand(kw, small, g))  # warm-up
     x = torch.randn(rows, cols, device=device, generator=g, dtype=torch.bfloat16)
-    if kw.get("rand") == "uint8":
-        kw = {**kw, "rand": torch.randint(0, 256, x.shape, device=device, generator=g, dtype=torch.uint8)}
+    kw = _with_rand(kw, x, g)
     if device == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
