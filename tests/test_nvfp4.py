@@ -152,6 +152,13 @@ def test_block_scales_encode_as_ue4m3_on_every_value_midpoint_and_neighbour(gen)
     assert torch.equal(_encode_block_scales(x.clone()), want)
 
 
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, "bfloat16"], ids=str)
+def test_block_values_refuse_a_dtype_that_is_not_floating_point(dtype):
+    q = nvfp4_quantize(torch.ones(2, 16))
+    with pytest.raises(TypeError, match=r"dtype=.*expected a floating-point torch.dtype"):
+        q.block_values(dtype)
+
+
 def test_scale_covers_ue4m3_subnormal_and_zero_codes(gen):
     # Precondition of the transcription test being meaningful for TE's no-lower-clamp policy.
     q = nvfp4_quantize(blocks_at_magnitudes(gen, 64, 128, -24, 0))

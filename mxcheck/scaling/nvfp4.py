@@ -88,6 +88,9 @@ class NVFP4Tensor:
         """``e2m1 * fp32(s)`` in dtype, exact in float32 and bf16 (at most 6 significant
         bits): what an NVFP4 GEMM multiplies before applying the tensor scales (TE's alpha).
         bf16 on CUDA is one fused pass (``mx_cuda.dequantize_bf16`` with the ue4m3 table)."""
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise TypeError(f"dtype={dtype!r}; expected a floating-point torch.dtype (float32 or bfloat16 hold "
+                            "the values exactly)")
         if dtype == torch.bfloat16:
             device = self.codes.device
             fused = dequantize_bf16(self.codes, self.block_scales, decode_table(_E2M1, device), NVFP4_BLOCK,
