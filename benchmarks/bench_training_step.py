@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import time
 
 import torch
 from bench_quantize import _sync, median_seconds  # this folder is sys.path[0] when run as a script
@@ -67,6 +68,20 @@ def compile_quantizers() -> None:
         setattr(gemm, name, torch.compile(getattr(gemm, name), dynamic=False))
 
 
+def host_seconds(step, device: str, repeat: int) -> float:
+    """Median time for ``step()`` to return with the device idle at its start: the host's
+    share (Python, dispatch, launches, any wait for the device). Near the synchronized time
+    the step is bound by the host; well under it, by the device."""
+    times = []
+    for _ in range(repeat):
+        _sync(device)
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    _sync(device)
+    return statistics.median(times)
+
+
 def profile_step(step, device: str, top: int) -> str:
     from torch.profiler import ProfilerActivity, profile
 
@@ -75,7 +90,7 @@ def profile_step(step, device: str, top: int) -> str:
         step()
         _sync(device)
     key = "self_cuda_time_total" if device == "cuda" else "self_cpu_time_total"
-    return prof.key_averages().table(sort_by=key, row_limit=top)
+    return prof.key_averages().table(sort_by=key, row_limit=top, max_name_column_width=70)
 
 
 def main() -> None:
@@ -108,13 +123,15 @@ def main() -> None:
     for _ in range(args.rounds):
         for name in names:
             per_round[name].append(median_seconds(steps[name], args.device, args.steps) * 1e3)
+    host_ms = {name: host_seconds(steps[name], args.device, args.steps) * 1e3 for name in names}
     rows = []
     for name in names:
         ratios = [ms / base for ms, base in zip(per_round[name], per_round["bf16"], strict=True)]
         ms, ratio = statistics.median(per_round[name]), statistics.median(ratios)
         row = {"recipe": name, "backend": args.backend if name != "bf16" else "nn.Linear", "ms": round(ms, 2),
                "ratio": round(ratio, 3), "round_ms": [round(t, 2) for t in per_round[name]],
-               "round_ratios": [round(r, 3) for r in ratios], "goal": GOAL if name != "bf16" else None}
+               "round_ratios": [round(r, 3) for r in ratios],
+               "host_ms": round(host_ms[name], 2), "goal": GOAL if name != "bf16" else None}
         if name in eager:
             same = all(torch.equal(a, b) for a, b in zip(eager.pop(name), first_grads(cfg, name, args.backend),
                                                          strict=True))
@@ -122,7 +139,7 @@ def main() -> None:
             print(f"{name}: compiled quantizers give the eager step's loss and gradients bit for bit: {same}")
         rows.append(row)
         print(f"{name:12s} {row['backend']:10s} {ms:9.2f} ms  {ratio:5.2f}x   rounds: "
-              + " ".join(f"{r:.2f}" for r in ratios), flush=True)
+              + " ".join(f"{r:.2f}" for r in ratios) + f"   host {host_ms[name]:.2f} ms", flush=True)
         if args.profile:
             print(profile_step(steps[name], args.device, args.profile), flush=True)
     if args.json:
