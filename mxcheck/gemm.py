@@ -45,7 +45,7 @@ from mxcheck.scaling import (
 )
 from mxcheck.scaling.blocks import per_row
 from mxcheck.scaling.fp8 import FP8_GRANULARITIES
-from mxcheck.scaling.mx_cuda import dequantize_bf16, gemm_f32_where_inexact
+from mxcheck.scaling.mx_cuda import dequantize_bf16, gemm_f32_where_inexact, outer_scaled_epilogue
 
 __all__ = [
     "ACCUMULATE_DTYPES",
@@ -258,14 +258,17 @@ def _outer_scaled(q: QTensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     return None
 
 
-def _outer_scaled_gemm(a: QTensor, b: QTensor) -> torch.Tensor | None:
-    """float32 ``(A_values @ B_values^T) * (outer_a * outer_b^T)`` when both operands are
-    outer-scaled, else None.
+def _outer_scaled_gemm(a: QTensor, b: QTensor, out_dtype: torch.dtype,
+                       bias: torch.Tensor | None) -> torch.Tensor | None:
+    """``((A_values @ B_values^T) * (outer_a * outer_b^T) + bias).to(out_dtype)`` when both
+    operands are outer-scaled, else None.
 
     This is the GEMM FP8 and NVFP4 hardware computes (cuBLASLt's scale_a * scale_b, TE's
     NVFP4 alpha): products of the values are exact, the sum is float32, and the outer scales
     multiply the sum once. Dequantizing first would round every value * scale_inv to float32
     and, on CUDA, force a float32 matmul (the values are bf16, their scaled products are not).
+    The epilogue (scale, bias, cast) is one fused pass where Triton runs, with the same
+    roundings (``mx_cuda.outer_scaled_epilogue``), else torch's passes.
     """
     _check_operands(a, b)
     fa, fb = _outer_scaled(a), _outer_scaled(b)
@@ -274,12 +277,17 @@ def _outer_scaled_gemm(a: QTensor, b: QTensor) -> torch.Tensor | None:
     (va, oa), (vb, ob) = fa, fb
     if va.device != vb.device:
         raise ValueError(f"a is on {va.device} and b on {vb.device}; put both on one device")
+    _check_bias(bias, vb.shape[0], va.device)
     if va.is_cuda:  # the values are bf16 exactly: a bf16 matmul with float32 accumulation
         with _strict_cuda_matmul():
             acc = _bf16_matmul(va.to(torch.bfloat16), vb.to(torch.bfloat16), want_bf16=False)
     else:
         acc = va @ vb.T
-    return acc.mul_(oa * ob.reshape(1, -1) if ob.ndim else oa * ob)
+    fused = outer_scaled_epilogue(acc, oa, ob, bias, out_dtype)
+    if fused is not None:
+        return fused
+    y = acc.mul_(oa * ob.reshape(1, -1) if ob.ndim else oa * ob)
+    return (y if bias is None else y + bias.float()).to(out_dtype)
 
 
 def _check_bias(bias: torch.Tensor | None, n: int, device: torch.device) -> None:
@@ -421,10 +429,9 @@ def emulated_gemm(
     if not isinstance(out_dtype, torch.dtype) or not out_dtype.is_floating_point:
         raise TypeError(f"out_dtype={out_dtype!r}; expected a floating-point torch.dtype")
     if accumulate == torch.float32:
-        y = _outer_scaled_gemm(a, b)
+        y = _outer_scaled_gemm(a, b, out_dtype, bias)
         if y is not None:
-            _check_bias(bias, y.shape[1], y.device)
-            return (y if bias is None else y + bias.float()).to(out_dtype)
+            return y
     if accumulate == torch.float32 and isinstance(a, MXTensor) and isinstance(b, MXTensor) and a.codes.is_cuda:
         y = _mx_gemm_without_a_read(a, b, out_dtype, bias)
         if y is not None:

@@ -45,7 +45,7 @@ import torch
 from mxcheck.formats import FloatFormat
 from mxcheck.hadamard import Hadamard
 
-__all__ = ["dequantize_bf16", "gemm_f32_where_inexact", "quantize_blocks", "scaled_encode"]
+__all__ = ["dequantize_bf16", "gemm_f32_where_inexact", "outer_scaled_epilogue", "quantize_blocks", "scaled_encode"]
 
 _cache: dict[tuple[str, bool], Any] = {}
 _BLOCK = 2048
@@ -95,7 +95,8 @@ def _kernels() -> dict[str, Any] | None:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     _cache[key] = {"dequantize": module.mx_dequant_bf16, "quantize": module.mx_quantize_blocks,
-                   "scaled_encode": module.fp8_scaled_encode, "gemm_f32": module.mx_gemm_f32_where_inexact}
+                   "scaled_encode": module.fp8_scaled_encode, "gemm_f32": module.mx_gemm_f32_where_inexact,
+                   "epilogue": module.outer_scaled_epilogue}
     return _cache[key]
 
 
@@ -262,3 +263,33 @@ def scaled_encode(x: torch.Tensor, scale: torch.Tensor, fmt: FloatFormat, block_
         FNUZ=fmt.nan == "fnuz", NAN_CODE=0 if fmt.nan_code is None else fmt.nan_code,
         NAN_SIGNED=fmt.nan in ("ocp", "ieee"), WIDE=n + _BLOCK >= 2**31, BLOCK=_BLOCK)
     return codes
+
+
+_EPILOGUE_OUTPUTS = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def outer_scaled_epilogue(acc: torch.Tensor, outer_a: torch.Tensor, outer_b: torch.Tensor, bias: torch.Tensor | None,
+                          out_dtype: torch.dtype) -> torch.Tensor | None:
+    """``((acc * (outer_a * outer_b^T)) + bias).to(out_dtype)`` in one pass, as ``gemm``'s
+    torch epilogue computes it (each float32 multiply and add rounded apart: the kernel runs
+    with FMA contraction off), or None where the kernel cannot run. acc: the (M, N) float32
+    sum; outer_a: one float32 or (M, 1); outer_b: one float32 or (N, 1); bias: (N,), any
+    float dtype (widened to float32 exactly)."""
+    if (not _runs_here(acc) or acc.dtype != torch.float32 or acc.dim() != 2 or out_dtype not in _EPILOGUE_OUTPUTS
+            or any(t.dtype != torch.float32 or t.device != acc.device for t in (outer_a, outer_b))
+            or (kernels := _kernels()) is None):
+        return None
+    m, n_cols = acc.shape
+    sa_per_row, sb_per_col = outer_a.numel() != 1, outer_b.numel() != 1
+    if (sa_per_row and outer_a.numel() != m) or (sb_per_col and outer_b.numel() != n_cols):
+        raise ValueError(f"outer scales of {outer_a.numel()} and {outer_b.numel()} values do not fit an output of "
+                         f"shape {(m, n_cols)}: expected 1 or {m}, and 1 or {n_cols}")
+    acc = acc.contiguous()
+    out = torch.empty(acc.shape, dtype=out_dtype, device=acc.device)
+    n = acc.numel()
+    if n:  # acc stands in for the bias pointer the kernel then does not read
+        kernels["epilogue"][((n + _BLOCK - 1) // _BLOCK,)](
+            acc, outer_a.contiguous(), outer_b.contiguous(), acc if bias is None else bias.contiguous(), out, n,
+            n_cols, SA_PER_ROW=sa_per_row, SB_PER_COL=sb_per_col, HAS_BIAS=bias is not None,
+            WIDE=n + _BLOCK >= 2**31, BLOCK=_BLOCK, enable_fp_fusion=False)
+    return out

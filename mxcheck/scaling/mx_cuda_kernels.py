@@ -226,3 +226,29 @@ def fp8_scaled_encode(x_ptr, scale_ptr, scale_value, rand_ptr, codes_ptr, n, k, 
         nan_code = NAN_CODE
     code = tl.where(is_nan, nan_code, code)
     tl.store(codes_ptr + offs, code.to(tl.uint8), mask=mask)
+
+
+@triton.jit
+def outer_scaled_epilogue(acc_ptr, sa_ptr, sb_ptr, bias_ptr, out_ptr, n, cols,
+                          SA_PER_ROW: tl.constexpr, SB_PER_COL: tl.constexpr, HAS_BIAS: tl.constexpr,
+                          WIDE: tl.constexpr, BLOCK: tl.constexpr):
+    # out = cast((acc * (sa * sb)) + bias): three float32 roundings and the cast's, each
+    # apart (launched with FMA contraction off). acc is (n / cols, cols), contiguous; sa is
+    # one value or one per row, sb one value or one per column.
+    pid = tl.program_id(0)
+    if WIDE:
+        pid = pid.to(tl.int64)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    if SA_PER_ROW:
+        sa = tl.load(sa_ptr + offs // cols, mask=mask, other=1.0)
+    else:
+        sa = tl.load(sa_ptr)
+    if SB_PER_COL:
+        sb = tl.load(sb_ptr + offs % cols, mask=mask, other=1.0)
+    else:
+        sb = tl.load(sb_ptr)
+    y = tl.load(acc_ptr + offs, mask=mask, other=0.0) * (sa * sb)
+    if HAS_BIAS:
+        y = y + tl.load(bias_ptr + offs % cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask)
