@@ -1,8 +1,8 @@
 """NVFP4 on CUDA gives the CPU's bits: codes, ue4m3 block scales, amax and tensor scale.
 
-On CUDA the element encode (RNE, or SR from uint8 bits) and the ue4m3 block-scale encode are
-the fused Triton pass (``mx_cuda.scaled_encode``: x * the block's encode scale, saturated);
-the amaxes, the scale arithmetic and the rotation stay torch's. The
+On CUDA the quantize is two fused Triton passes (``mx_cuda.nvfp4_quantize_blocks``): the
+global amax (after TE's RHT, where it is asked for), then per block the amax, the ue4m3 scale,
+the encode scale and the element codes (RNE, or SR from uint8 bits). The
 inputs place every e2m1 value, midpoint and their float32 neighbours exactly under power-of-two
 encode scales (so the ties are hit), beside wide-range Gaussian blocks, zero blocks, -0.0 and
 Inf. ``cuda`` tests run on a GPU; the ``emulated`` ones run the fused pass in Triton's
@@ -86,27 +86,38 @@ def test_nvfp4_on_cuda_equals_the_cpu(block_2d, rounding, hadamard, dtype, gen):
     same_nvfp4(got, want)
 
 
+LAYOUTS = {
+    "rows": lambda x: x,
+    "transposed": lambda x: x.t().contiguous().t(),  # column-major: read in place, rows fastest
+    "3d": lambda x: x.reshape(3, -1, x.shape[-1]),  # 48 rows a matrix: whole 16x16 tiles
+}
+
+
 @pytest.mark.emulated
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("hadamard", [None, "h16_te"])
 @pytest.mark.parametrize("nan", [False, True], ids=["finite", "nan"])
 @pytest.mark.parametrize("rounding", ["rne", "sr"])
 @pytest.mark.parametrize("block_2d", [False, True], ids=["1x16", "16x16"])
-def test_nvfp4_fused_encode_in_the_interpreter_equals_the_torch_path(block_2d, rounding, nan, gen, monkeypatch,
-                                                                      interpreted):  # noqa: F811
-    # The fused pass encodes the elements (RNE, or SR from the uint8 bits) and the ue4m3
-    # block scales (as e4m3 codes of values >= 0, the sign bit cleared). A NaN makes
-    # the global amax NaN: every block scale is the NaN code 0x7F, every element code 0.
-    x = nvfp4_inputs(gen, with_inf=True)  # float32: the interpreter mishandles bf16 subnormals
+def test_nvfp4_fused_quantize_in_the_interpreter_equals_the_torch_path(block_2d, rounding, nan, hadamard, layout, gen,
+                                                                        monkeypatch, interpreted):  # noqa: F811
+    # The fused passes take the global amax (of the rotated tensor, with TE's RHT: signs,
+    # butterflies, norm, bf16 output), then the ue4m3 block scales (as e4m3 codes of values
+    # >= 0, the sign bit cleared) and the elements (RNE, or SR from the uint8 bits). A NaN
+    # makes the global amax NaN: every block scale is the NaN code 0x7F, every element code 0.
+    x = nvfp4_inputs(gen, with_inf=hadamard is None)  # float32: the interpreter mishandles bf16 subnormals
     if nan:
         x[5, 7] = -float("nan")
+    x = LAYOUTS[layout](x)
     rand = torch.randint(0, 256, x.shape, generator=gen, dtype=torch.uint8) if rounding == "sr" else None
     monkeypatch.setenv("MXCHECK_FUSED_MX", "0")
-    want = nvfp4_quantize(x, block_2d=block_2d, rand=rand)
+    want = nvfp4_quantize(x, block_2d=block_2d, rand=rand, hadamard=hadamard)
     if nan:  # the premise
         assert bool((want.block_scales == 0x7F).all()) and not bool(want.codes.any())
     if rounding == "sr" and not nan:  # the premise: SR moves codes that RNE would not
-        assert not torch.equal(want.codes, nvfp4_quantize(x, block_2d=block_2d).codes)
+        assert not torch.equal(want.codes, nvfp4_quantize(x, block_2d=block_2d, hadamard=hadamard).codes)
     monkeypatch.setenv("MXCHECK_FUSED_MX", "1")
-    same_nvfp4(nvfp4_quantize(x, block_2d=block_2d, rand=rand), want)
+    same_nvfp4(nvfp4_quantize(x, block_2d=block_2d, rand=rand, hadamard=hadamard), want)
 
 
 def every_code_pair() -> NVFP4Tensor:

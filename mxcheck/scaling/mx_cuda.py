@@ -45,7 +45,8 @@ import torch
 from mxcheck.formats import FloatFormat
 from mxcheck.hadamard import Hadamard
 
-__all__ = ["dequantize_bf16", "gemm_f32_where_inexact", "outer_scaled_epilogue", "quantize_blocks", "scaled_encode"]
+__all__ = ["dequantize_bf16", "gemm_f32_where_inexact", "nvfp4_quantize_blocks", "outer_scaled_epilogue",
+           "quantize_blocks", "scaled_encode"]
 
 _cache: dict[tuple[str, bool], Any] = {}
 _BLOCK = 2048
@@ -96,7 +97,8 @@ def _kernels() -> dict[str, Any] | None:
     spec.loader.exec_module(module)
     _cache[key] = {"dequantize": module.mx_dequant_bf16, "quantize": module.mx_quantize_blocks,
                    "scaled_encode": module.fp8_scaled_encode, "gemm_f32": module.mx_gemm_f32_where_inexact,
-                   "epilogue": module.outer_scaled_epilogue}
+                   "epilogue": module.outer_scaled_epilogue,
+                   "amax": module.blocks_amax}
     return _cache[key]
 
 
@@ -150,15 +152,40 @@ def gemm_f32_where_inexact(inexact: torch.Tensor, a: tuple[torch.Tensor, torch.T
     return True
 
 
-def _fused_rotation(hadamard: Hadamard | None) -> tuple[int, float, bool] | None:
-    """(size, norm, round the input to bf16) for a rotation the kernel takes: no signs, no
-    output rounding, input rounding none or bf16 (mxfp4's h16x2, mxfp6's h32). None else."""
+def _rotation_args(hadamard: Hadamard | None, block_size: int) -> dict[str, Any] | None:
+    """The kernels' rotation constants for a rotation they take (input and output rounding
+    none or bf16; signs within a block), or None."""
     if hadamard is None:
-        return 1, 1.0, False
-    if (hadamard.signs is not None or hadamard.round_output_to is not None
-            or hadamard.round_input_to not in (None, torch.bfloat16) or hadamard.size > _QUANT_BLOCK):
+        return dict(H_SIZE=1, H_LOG2=0, H_NORM=1.0, H_INPUT_BF16=False, H_SIGNS=0, H_OUTPUT_BF16=False)
+    if (hadamard.round_input_to not in (None, torch.bfloat16) or hadamard.round_output_to not in (None, torch.bfloat16)
+            or hadamard.size > _QUANT_BLOCK or (hadamard.signs is not None and hadamard.size > block_size)):
         return None
-    return hadamard.size, hadamard.scale, hadamard.round_input_to is not None
+    signs = sum(1 << i for i, sign in enumerate(hadamard.signs or ()) if sign < 0)
+    return dict(H_SIZE=hadamard.size, H_LOG2=hadamard.size.bit_length() - 1, H_NORM=hadamard.scale,
+                H_INPUT_BF16=hadamard.round_input_to is not None, H_SIGNS=signs,
+                H_OUTPUT_BF16=hadamard.round_output_to is not None)
+
+
+def _block_layout(xs: torch.Tensor, block_size: int, block_2d: bool, h_size: int,
+                  scales_given: bool) -> tuple[torch.Tensor, dict[str, Any], tuple[int]] | None:
+    """(xs as the kernels read it, their layout arguments, the grid) for blocks of
+    ``block_size`` along the last axis, or None for a layout they do not take."""
+    rows = xs.numel() // xs.shape[-1] if xs.dim() else 1
+    groups = max(1, _QUANT_BLOCK // block_size)
+    # A program's blocks lie on consecutive rows (ROW_FASTEST) for 2D tiles and for a
+    # transposed operand; a rotation must then stay inside a block.
+    if block_2d and (scales_given or rows % block_size or groups % block_size or h_size > block_size):
+        return None
+    # 2D: read in place when the rows or the columns are contiguous (a transposed operand)
+    transposed = xs.dim() == 2 and xs.stride(0) == 1 and xs.stride(1) != 1
+    if xs.dim() != 2 or (xs.stride(1) != 1 and not (transposed and h_size <= block_size)):
+        xs = xs.contiguous()
+    row_fastest = block_2d or (xs.dim() == 2 and xs.stride(1) != 1)
+    n_blocks = xs.numel() // block_size
+    args = dict(n_blocks=n_blocks, rows=rows, stride_row=xs.stride(0) if xs.dim() == 2 else xs.shape[-1],
+                stride_col=xs.stride(-1) if xs.dim() else 1, ROW_FASTEST=row_fastest, MX_BLOCK=block_size,
+                GROUPS=groups, CONTIGUOUS=not row_fastest and xs.is_contiguous())
+    return xs, args, ((n_blocks + groups - 1) // groups,)
 
 
 def quantize_blocks(xs: torch.Tensor, fmt: FloatFormat, *, block_size: int, scale_rule: str, zero_scale: int,
@@ -170,39 +197,60 @@ def quantize_blocks(xs: torch.Tensor, fmt: FloatFormat, *, block_size: int, scal
     ``block_2d``: block_size x block_size tiles over the last two axes share their amax (each
     row of a tile carries the tile's byte). ``u``: float64 uniforms shaped like xs, for SR.
     ``hadamard``: rotate each run of its size along the last axis first (not with scales)."""
-    rotation = _fused_rotation(hadamard)
+    rotation = _rotation_args(hadamard, block_size)
     if (not _runs_here(xs) or block_size & (block_size - 1) or block_size > _QUANT_BLOCK or fmt.bits > 8
             or scale_rule not in _RULES or rounding not in _ROUNDINGS or rotation is None
             or (hadamard is not None and scales is not None) or (kernels := _kernels()) is None):
         return None
-    h_size, h_norm, h_input_bf16 = rotation
-    rows = xs.numel() // xs.shape[-1] if xs.dim() else 1
-    groups = max(1, _QUANT_BLOCK // block_size)
-    # A program's blocks lie on consecutive rows (ROW_FASTEST) for 2D tiles and for a
-    # transposed operand; a rotation must then stay inside a block.
-    if block_2d and (scales is not None or rows % block_size or groups % block_size or h_size > block_size):
+    layout = _block_layout(xs, block_size, block_2d, rotation["H_SIZE"], scales is not None)
+    if layout is None:
         return None
-    # 2D: read in place when the rows or the columns are contiguous (a transposed operand)
-    transposed = xs.dim() == 2 and xs.stride(0) == 1 and xs.stride(1) != 1
-    if xs.dim() != 2 or (xs.stride(1) != 1 and not (transposed and h_size <= block_size)):
-        xs = xs.contiguous()
-    row_fastest = block_2d or (xs.dim() == 2 and xs.stride(1) != 1)
+    xs, args, grid = layout
     codes = torch.empty(xs.shape, dtype=torch.uint8, device=xs.device)
     out_scales = (torch.empty((*xs.shape[:-1], xs.shape[-1] // block_size), dtype=torch.uint8, device=xs.device)
                   if scales is None else scales.contiguous())
-    n_blocks = xs.numel() // block_size
-    if n_blocks:
-        nan_code = 0 if fmt.nan_code is None else fmt.nan_code
-        kernels["quantize"][((n_blocks + groups - 1) // groups,)](
-            xs, xs if u is None else u.contiguous(), out_scales, codes, n_blocks, rows,
-            xs.stride(0) if xs.dim() == 2 else xs.shape[-1], xs.stride(-1) if xs.dim() else 1,
-            ROW_FASTEST=row_fastest, MX_BLOCK=block_size, GROUPS=groups, MBITS=fmt.mbits, EMIN=fmt.emin, EMAX=fmt.emax, FMAX=fmt.max,
-            BITS=fmt.bits, FNUZ=fmt.nan == "fnuz", NAN_CODE=nan_code, RULE=_RULES[scale_rule],
-            ROUNDING=_ROUNDINGS[rounding], ZERO_SCALE=zero_scale, SCALES_GIVEN=scales is not None,
-            H_SIZE=h_size, H_LOG2=h_size.bit_length() - 1, H_NORM=h_norm, H_INPUT_BF16=h_input_bf16,
-            TILE_ROWS=block_size if block_2d else 1, CONTIGUOUS=not row_fastest and xs.is_contiguous(),
-            num_warps=_QUANT_WARPS)
+    if args["n_blocks"]:  # xs stands in for the NVFP4 pointers the kernel then does not read
+        kernels["quantize"][grid](
+            xs, xs if u is None else u.contiguous(), out_scales, codes, xs, xs, 0.0, **args,
+            MBITS=fmt.mbits, EMIN=fmt.emin, EMAX=fmt.emax, FMAX=fmt.max, BITS=fmt.bits, FNUZ=fmt.nan == "fnuz",
+            NAN_CODE=0 if fmt.nan_code is None else fmt.nan_code, RULE=_RULES[scale_rule],
+            ROUNDING=_ROUNDINGS[rounding], RAND_BITS=False, ZERO_SCALE=zero_scale, SCALES_GIVEN=scales is not None,
+            TILE_ROWS=block_size if block_2d else 1, **rotation, num_warps=_QUANT_WARPS)
     return codes, out_scales
+
+
+_NVFP4_BLOCK = 16
+
+
+def nvfp4_quantize_blocks(x: torch.Tensor, element: FloatFormat, ue4m3_table: torch.Tensor, rcp_element_max: float,
+                          *, block_2d: bool, hadamard: Hadamard | None,
+                          rand: torch.Tensor | None) -> tuple[torch.Tensor, ...] | None:
+    """(codes, block scale codes, amax, tensor scale) of a 2D x (rows, K) as
+    ``nvfp4.nvfp4_quantize`` computes them, in two passes: the global amax (of the rotated
+    tensor, with ``hadamard``), then the block scales and codes; or None where the kernels
+    cannot run. ``ue4m3_table``: the float32 values of the block scale codes on x's device;
+    ``rcp_element_max``: fl32(1/6); ``rand``: uint8 bits shaped like x for SR."""
+    rotation = _rotation_args(hadamard, _NVFP4_BLOCK)
+    if (not _runs_here(x) or x.dim() != 2 or not x.numel() or rotation is None
+            or (kernels := _kernels()) is None):
+        return None
+    layout = _block_layout(x, _NVFP4_BLOCK, block_2d, rotation["H_SIZE"], False)
+    if layout is None:
+        return None
+    xs, args, grid = layout
+    # [amax, tensor scale] as float32 bits: the amax pass takes an integer max over them
+    global_bits = torch.zeros(2, dtype=torch.int32, device=x.device)
+    kernels["amax"][grid](xs, global_bits, **args, **rotation, num_warps=_QUANT_WARPS)
+    codes = torch.empty(xs.shape, dtype=torch.uint8, device=x.device)
+    scales = torch.empty((xs.shape[0], xs.shape[1] // _NVFP4_BLOCK), dtype=torch.uint8, device=x.device)
+    kernels["quantize"][grid](
+        xs, xs if rand is None else rand.contiguous(), scales, codes, global_bits, ue4m3_table, rcp_element_max,
+        **args, MBITS=element.mbits, EMIN=element.emin, EMAX=element.emax, FMAX=element.max, BITS=element.bits,
+        FNUZ=False, NAN_CODE=0 if element.nan_code is None else element.nan_code, RULE=4,
+        ROUNDING=_ROUNDINGS["rne" if rand is None else "sr"], RAND_BITS=True, ZERO_SCALE=0, SCALES_GIVEN=False,
+        TILE_ROWS=_NVFP4_BLOCK if block_2d else 1, **rotation, num_warps=_QUANT_WARPS)
+    amax, tensor_scale = global_bits.view(torch.float32)
+    return codes, scales, amax, tensor_scale
 
 
 _SCALED_ENCODE_INPUTS = (torch.float32, torch.bfloat16, torch.float16)

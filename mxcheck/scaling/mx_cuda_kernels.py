@@ -105,18 +105,30 @@ def _tile_max(v, GROUPS: tl.constexpr, TILE_ROWS: tl.constexpr):
 
 
 @triton.jit
-def mx_quantize_blocks(x_ptr, u_ptr, scales_ptr, codes_ptr, n_blocks, rows, stride_row, stride_col,
-                       ROW_FASTEST: tl.constexpr, MX_BLOCK: tl.constexpr, GROUPS: tl.constexpr, MBITS: tl.constexpr,
-                       EMIN: tl.constexpr, EMAX: tl.constexpr, FMAX: tl.constexpr, BITS: tl.constexpr,
-                       FNUZ: tl.constexpr, NAN_CODE: tl.constexpr, RULE: tl.constexpr,
-                       ROUNDING: tl.constexpr, ZERO_SCALE: tl.constexpr, SCALES_GIVEN: tl.constexpr,
-                       H_SIZE: tl.constexpr, H_LOG2: tl.constexpr, H_NORM: tl.constexpr,
-                       H_INPUT_BF16: tl.constexpr, TILE_ROWS: tl.constexpr, CONTIGUOUS: tl.constexpr):
-    # Block blk is (row, block column) of the (rows, C) output; codes, scales and u are
-    # contiguous there. x is read through its strides: a transposed operand (stride_row
-    # 1) is read in place, with a program's blocks on consecutive rows so the loads are
-    # coalesced across them (ROW_FASTEST). 2D tiles (TILE_ROWS > 1, ROW_FASTEST) are
-    # TILE_ROWS consecutive blocks of a program, which share their amax.
+def _round_to_bf16(x):
+    """float32 x rounded to bf16 (RNE, overflow to Inf), kept in float32: the integer form of
+    the rounding, so Triton's interpreter, whose cast truncates, gives the GPU's bits."""
+    bits = x.to(tl.int32, bitcast=True)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) & -0x10000).to(tl.float32, bitcast=True)
+    return tl.where(x != x, x, rounded)
+
+
+@triton.jit
+def _load_blocks(x_ptr, n_blocks, rows, stride_row, stride_col, ROW_FASTEST: tl.constexpr, MX_BLOCK: tl.constexpr,
+                 GROUPS: tl.constexpr, H_SIZE: tl.constexpr, H_LOG2: tl.constexpr, H_NORM: tl.constexpr,
+                 H_INPUT_BF16: tl.constexpr, H_SIGNS: tl.constexpr, H_OUTPUT_BF16: tl.constexpr,
+                 CONTIGUOUS: tl.constexpr):
+    """(x, offs, sblk, in_range): this program's GROUPS blocks of MX_BLOCK float32 values
+    (rotated where H_SIZE > 1), their offsets in the contiguous (rows, C) output, their block
+    index there, and which blocks exist.
+
+    Block blk is (row, block column) of the output; x is read through its strides: a
+    transposed operand (stride_row 1) is read in place, with a program's blocks on
+    consecutive rows so the loads are coalesced across them (ROW_FASTEST). The rotation is
+    hadamard.apply_hadamard's, step for step in float32: the input rounded to bf16
+    (H_INPUT_BF16), times the signs (bit i of H_SIGNS set: element i of each run is
+    negated), the radix-2 butterflies, one multiply by the norm, the output rounded to bf16
+    (H_OUTPUT_BF16)."""
     blk = tl.program_id(0).to(tl.int64) * GROUPS + tl.arange(0, GROUPS)
     in_range = blk < n_blocks
     blocks_per_row = n_blocks // rows
@@ -133,51 +145,134 @@ def mx_quantize_blocks(x_ptr, u_ptr, scales_ptr, codes_ptr, n_blocks, rows, stri
     x = tl.load(x_ptr + x_offs, mask=in_range[:, None], other=0.0).to(tl.float32)
     if H_SIZE > 1:  # hadamard._walsh_hadamard: pairs (i, i + h) of each 2h run -> (a + b, a - b)
         if H_INPUT_BF16:
-            x = x.to(tl.bfloat16, fp_downcast_rounding="rtne").to(tl.float32)
+            x = _round_to_bf16(x)
+        if H_SIGNS != 0:
+            negated = (H_SIGNS >> (tl.arange(0, MX_BLOCK) % H_SIZE)) & 1
+            x = x * tl.where(negated == 1, -1.0, 1.0)[None, :]
         for i in tl.static_range(H_LOG2):
             y = tl.permute(tl.reshape(x, (GROUPS * MX_BLOCK // (2 << i), 2, 1 << i)), (0, 2, 1))
             a, b = tl.split(y)
             y = tl.permute(tl.join(a + b, a - b), (0, 2, 1))
             x = tl.reshape(y, (GROUPS, MX_BLOCK))
         x = x * H_NORM
+        if H_OUTPUT_BF16:
+            x = _round_to_bf16(x)
+    return x, offs, sblk, in_range
+
+
+@triton.jit
+def blocks_amax(x_ptr, amax_ptr, n_blocks, rows, stride_row, stride_col, ROW_FASTEST: tl.constexpr,
+                MX_BLOCK: tl.constexpr, GROUPS: tl.constexpr, H_SIZE: tl.constexpr, H_LOG2: tl.constexpr,
+                H_NORM: tl.constexpr, H_INPUT_BF16: tl.constexpr, H_SIGNS: tl.constexpr,
+                H_OUTPUT_BF16: tl.constexpr, CONTIGUOUS: tl.constexpr):
+    # max |x| over the whole (rotated) tensor, as the float32 bits of a value >= +0 in the
+    # int32 at amax_ptr (zeroed by the caller): for those bits the integer order is the
+    # float order, so an integer atomic max is the float max. A NaN is the quiet NaN
+    # 0x7FC00000, above every other value: it propagates, as torch's amax.
+    x, _, _, in_range = _load_blocks(x_ptr, n_blocks, rows, stride_row, stride_col, ROW_FASTEST, MX_BLOCK, GROUPS,
+                                     H_SIZE, H_LOG2, H_NORM, H_INPUT_BF16, H_SIGNS, H_OUTPUT_BF16, CONTIGUOUS)
+    bits = tl.where(x != x, 0x7FC00000, tl.abs(x).to(tl.int32, bitcast=True))
+    tl.atomic_max(amax_ptr, tl.max(tl.max(tl.where(in_range[:, None], bits, 0), axis=1), axis=0))
+
+
+@triton.jit
+def _f32_quotient(a, b):
+    """a / b correctly rounded to float32 (float32 / is not, in Triton: div.full.f32). The
+    float64 quotient rounded to float32 is: a double rounding is innocuous for a quotient of
+    float32s."""
+    return (a.to(tl.float64) / b.to(tl.float64)).to(tl.float32)
+
+
+@triton.jit
+def _nvfp4_block_mult(amax, global_ptr, ue4m3_ptr, rcp_e2m1_max, FLT_MAX: tl.constexpr, E2M1_X_E4M3: tl.constexpr):
+    """(ue4m3 scale codes, element multipliers) of blocks with float32 amax, as
+    nvfp4.nvfp4_quantize computes them; the global amax is the float32 at global_ptr."""
+    g = tl.load(global_ptr).to(tl.float32, bitcast=True)
+    # _global_encode_scale: min(2688 / amax, FLT_MAX) (NaN kept), 1 where amax or it is 0
+    s_enc = _f32_quotient(tl.full([], E2M1_X_E4M3, tl.float32), g)
+    s_enc = tl.where(s_enc > FLT_MAX, FLT_MAX, s_enc)
+    s_enc = tl.where((g == 0) | (s_enc == 0), 1.0, s_enc)
+    s_dec = _f32_quotient(tl.full([], 1.0, tl.float32), s_enc)
+    # block scale: e4m3 RNE satfinite of amax * (S_enc * fl32(1/6)) (_encode_block_scales;
+    # the FLT_MAX clamp is below the saturation), NaN 0x7F; amax >= +0 leaves no sign bit
+    code, is_nan = encode_scaled(amax * (s_enc * rcp_e2m1_max), 1.0, 0.0, 3, -6, 448.0, 8, False, 0)
+    code = tl.where(is_nan, 0x7F, code)
+    # the element multiplier from the rounded scale: min(1 / (s * S_dec), FLT_MAX), NaN kept
+    enc = _f32_quotient(tl.full([], 1.0, tl.float32), tl.load(ue4m3_ptr + code) * s_dec)
+    return code, tl.where(enc > FLT_MAX, FLT_MAX, enc)
+
+
+@triton.jit
+def mx_quantize_blocks(x_ptr, u_ptr, scales_ptr, codes_ptr, global_ptr, ue4m3_ptr, rcp_e2m1_max, n_blocks, rows,
+                       stride_row, stride_col,
+                       ROW_FASTEST: tl.constexpr, MX_BLOCK: tl.constexpr, GROUPS: tl.constexpr, MBITS: tl.constexpr,
+                       EMIN: tl.constexpr, EMAX: tl.constexpr, FMAX: tl.constexpr, BITS: tl.constexpr,
+                       FNUZ: tl.constexpr, NAN_CODE: tl.constexpr, RULE: tl.constexpr,
+                       ROUNDING: tl.constexpr, RAND_BITS: tl.constexpr, ZERO_SCALE: tl.constexpr,
+                       SCALES_GIVEN: tl.constexpr, H_SIZE: tl.constexpr, H_LOG2: tl.constexpr, H_NORM: tl.constexpr,
+                       H_INPUT_BF16: tl.constexpr, H_SIGNS: tl.constexpr, H_OUTPUT_BF16: tl.constexpr,
+                       TILE_ROWS: tl.constexpr, CONTIGUOUS: tl.constexpr):
+    # Codes, scales and u are contiguous in the (rows, C) output (_load_blocks). 2D tiles
+    # (TILE_ROWS > 1, ROW_FASTEST) are TILE_ROWS consecutive blocks of a program, which share
+    # their amax. RULE 0-3 are MX's E8M0 scale rules; RULE 4 is NVFP4: ue4m3 block scales
+    # from the global amax at global_ptr (whose tensor scale program 0 writes after it).
+    x, offs, sblk, in_range = _load_blocks(x_ptr, n_blocks, rows, stride_row, stride_col, ROW_FASTEST, MX_BLOCK,
+                                           GROUPS, H_SIZE, H_LOG2, H_NORM, H_INPUT_BF16, H_SIGNS, H_OUTPUT_BF16,
+                                           CONTIGUOUS)
+    if ROUNDING == 3:
+        if RAND_BITS:  # uint8 bits: u = bits / 256, exact (formats.uniforms)
+            u = tl.load(u_ptr + offs, mask=in_range[:, None], other=0).to(tl.float64) * (1.0 / 256)
+        else:
+            u = tl.load(u_ptr + offs, mask=in_range[:, None], other=0.0)
+    else:
+        u = 0.0
     if SCALES_GIVEN:
         s = tl.load(scales_ptr + sblk, mask=in_range, other=0).to(tl.int32)
     else:
-        # rules.SCALE_RULES on the float32 bits of the block amax, then scale_bytes
+        # blocks.block_amax (2D tiles: the max of their rows' block maxima)
         amax = tl.max(tl.abs(x), axis=1)
         has_nan = tl.max((x != x).to(tl.int32), axis=1)
-        if TILE_ROWS > 1:  # blocks.block_amax over the tile: the max of its rows' maxima
+        if TILE_ROWS > 1:
             amax = _tile_max(amax, GROUPS, TILE_ROWS)
             has_nan = _tile_max(has_nan, GROUPS, TILE_ROWS)
-        has_nan = has_nan > 0
-        bits = amax.to(tl.int32, bitcast=True)
-        field = (bits >> 23) & 0xFF
-        if RULE == 0:  # floor
-            e = field - 127 - EMAX
-        elif RULE == 1:  # ceil
-            e = field - 127 + ((bits & 0x7FFFFF) != 0).to(tl.int32) - EMAX
-        elif RULE == 2:  # even
-            e = (((bits + (1 << (22 - MBITS))) >> 23) & 0xFF) - 127 - EMAX
-        else:  # rceil: the float32 quotient, correctly rounded through float64
-            d = (amax.to(tl.float64) / tl.full([GROUPS], FMAX, tl.float64)).to(tl.float32)
-            dbits = d.to(tl.int32, bitcast=True)
-            dfield = (dbits >> 23) & 0xFF
-            normal = dfield > 0
-            up = tl.where(normal, (dbits & 0x7FFFFF) != 0, (dbits & 0x7FFFFF) > (1 << 22))
-            e = tl.where(normal, dfield, 0) - 127 + up.to(tl.int32)
-        e = tl.minimum(tl.maximum(e, -127), 127) + 127
-        e = tl.where(amax == 0, ZERO_SCALE, e)
-        s = tl.where(has_nan, 255, e)
-        tl.store(scales_ptr + sblk, s.to(tl.uint8), mask=in_range)
-    # x * 2**(127 - s), a power of two: s 255 gives NaN, and the block NaN code below
-    inv_bits = tl.where(s < 254, (254 - s) << 23, tl.where(s == 254, 1 << 22, 0x7FC00000))
-    if ROUNDING == 3:
-        u = tl.load(u_ptr + offs, mask=in_range[:, None], other=0.0)
+        if RULE == 4:
+            s, mult = _nvfp4_block_mult(amax, global_ptr, ue4m3_ptr, rcp_e2m1_max, 3.4028234663852886e38, 2688.0)
+            tl.store(scales_ptr + sblk, s.to(tl.uint8), mask=in_range)
+            if tl.program_id(0) == 0:  # the tensor scale amax / (6 * 448), beside the amax
+                g = tl.load(global_ptr).to(tl.float32, bitcast=True)
+                tl.store(global_ptr + 1, _f32_quotient(g, tl.full([], 2688.0, tl.float32)).to(tl.int32, bitcast=True))
+        else:
+            # rules.SCALE_RULES on the float32 bits of the block amax, then scale_bytes
+            has_nan = has_nan > 0
+            bits = amax.to(tl.int32, bitcast=True)
+            field = (bits >> 23) & 0xFF
+            if RULE == 0:  # floor
+                e = field - 127 - EMAX
+            elif RULE == 1:  # ceil
+                e = field - 127 + ((bits & 0x7FFFFF) != 0).to(tl.int32) - EMAX
+            elif RULE == 2:  # even
+                e = (((bits + (1 << (22 - MBITS))) >> 23) & 0xFF) - 127 - EMAX
+            else:  # rceil: the float32 quotient, correctly rounded through float64
+                d = (amax.to(tl.float64) / tl.full([GROUPS], FMAX, tl.float64)).to(tl.float32)
+                dbits = d.to(tl.int32, bitcast=True)
+                dfield = (dbits >> 23) & 0xFF
+                normal = dfield > 0
+                up = tl.where(normal, (dbits & 0x7FFFFF) != 0, (dbits & 0x7FFFFF) > (1 << 22))
+                e = tl.where(normal, dfield, 0) - 127 + up.to(tl.int32)
+            e = tl.minimum(tl.maximum(e, -127), 127) + 127
+            e = tl.where(amax == 0, ZERO_SCALE, e)
+            s = tl.where(has_nan, 255, e)
+            tl.store(scales_ptr + sblk, s.to(tl.uint8), mask=in_range)
+    if RULE == 4:
+        # NVFP4: x * enc saturated; a NaN (from a NaN anywhere: the global amax) is NAN_CODE
+        code, is_nan = encode_scaled(x, mult[:, None], u, MBITS, EMIN, FMAX, BITS, FNUZ, ROUNDING)
+        code = tl.where(is_nan, NAN_CODE, code)
     else:
-        u = 0.0
-    code, _ = encode_scaled(x, inv_bits.to(tl.float32, bitcast=True)[:, None], u, MBITS, EMIN, FMAX, BITS,
-                            FNUZ, ROUNDING)
-    code = tl.where((s == 255)[:, None], NAN_CODE, code)
+        # x * 2**(127 - s), a power of two: s 255 gives NaN, and the block NaN code below
+        inv_bits = tl.where(s < 254, (254 - s) << 23, tl.where(s == 254, 1 << 22, 0x7FC00000))
+        code, _ = encode_scaled(x, inv_bits.to(tl.float32, bitcast=True)[:, None], u, MBITS, EMIN, FMAX, BITS,
+                                FNUZ, ROUNDING)
+        code = tl.where((s == 255)[:, None], NAN_CODE, code)
     tl.store(codes_ptr + offs, code.to(tl.uint8), mask=in_range[:, None])
 
 

@@ -28,6 +28,7 @@ A -0.0 (or a negative that rounds to zero) keeps its sign (code 0x8), as the har
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -42,7 +43,7 @@ from mxcheck.formats import (
 )
 from mxcheck.hadamard import Hadamard, apply_hadamard, get_hadamard
 from mxcheck.scaling.blocks import block_amax, by_row_chunks, check_tiles, per_row
-from mxcheck.scaling.mx_cuda import dequantize_bf16, scaled_encode
+from mxcheck.scaling.mx_cuda import dequantize_bf16, nvfp4_quantize_blocks, scaled_encode
 
 __all__ = ["NVFP4_BLOCK", "NVFP4Tensor", "nvfp4_quantize"]
 
@@ -55,6 +56,12 @@ _FLT_MAX = torch.finfo(torch.float32).max
 
 def _f32(v: float) -> torch.Tensor:
     return torch.tensor(v, dtype=torch.float32)
+
+
+@functools.cache
+def _ue4m3_values(device: torch.device) -> torch.Tensor:
+    """float32 value of every ue4m3 code on device, made once (a cast per call is a launch)."""
+    return decode_table(_UE4M3, device).to(torch.float32)
 
 
 # The product fp8_max * fp4_max is exact; 1/6 and 1/(6*448) are float32 constants as in the
@@ -100,7 +107,7 @@ class NVFP4Tensor:
         return self._times_block(self._scale_values().unsqueeze(-1)).to(dtype)
 
     def _scale_values(self) -> torch.Tensor:
-        return decode_table(_UE4M3, self.codes.device).to(torch.float32)[self.block_scales.to(torch.int64)]
+        return _ue4m3_values(self.codes.device)[self.block_scales.to(torch.int64)]
 
     def _times_block(self, factor: torch.Tensor) -> torch.Tensor:
         """float32 e2m1 value * factor (one value per block of 16, shape (..., blocks, 1))."""
@@ -165,6 +172,17 @@ def nvfp4_quantize(
     if rand is not None:
         check_rand(rand, x)
     rot = get_hadamard(hadamard)
+    scale_shape = (*x.shape[:-1], x.shape[-1] // NVFP4_BLOCK)
+    # On CUDA two fused passes (mx_cuda.nvfp4_quantize_blocks: the global amax, then block
+    # scales and codes, rotation included), the same bits as the torch passes below
+    # (tests/test_nvfp4_fused.py).
+    x2d = x if x.ndim == 2 else x.reshape(-1, x.shape[-1])
+    fused = nvfp4_quantize_blocks(x2d, _E2M1, _ue4m3_values(x.device), _RCP_E2M1_MAX, block_2d=block_2d,
+                                  hadamard=rot, rand=None if rand is None else rand.reshape(x2d.shape))
+    if fused is not None:
+        codes, block_scales, amax, tensor_scale = fused
+        return NVFP4Tensor(codes=codes.reshape(x.shape), block_scales=block_scales.reshape(scale_shape),
+                           tensor_scale=tensor_scale, amax=amax, block_2d=block_2d, hadamard=rot)
     # Blocks are (..., rows, cols): a 1D input is one row. x keeps its dtype (amax is exact
     # there) unless rotated; the rotation runs in float32 on row chunks, and is kept in the
     # dtype it rounds its output to (TE's RHT: bf16, which holds those values exactly).
@@ -183,7 +201,7 @@ def nvfp4_quantize(
     s_f32 = torch.minimum(vec_max * (s_enc * _f32(_RCP_E2M1_MAX)), _f32(_FLT_MAX))
     block_scales = _encode_block_scales(s_f32)
     # 3. Per-block encode scale from the *rounded* block scale, then the elements.
-    s_blk = decode_table(_UE4M3, x.device).to(torch.float32)[block_scales.to(torch.int64)]
+    s_blk = _ue4m3_values(x.device)[block_scales.to(torch.int64)]
     enc = torch.minimum(1.0 / (s_blk * s_dec), _f32(_FLT_MAX)).unsqueeze(-1)
     rounding = "rne" if rand is None else "sr"
 
@@ -201,7 +219,6 @@ def nvfp4_quantize(
         blocks = work.unflatten(-1, (-1, NVFP4_BLOCK))
         r = None if rand is None else rand.reshape(work.shape).unflatten(-1, (-1, NVFP4_BLOCK))
         codes = by_row_chunks(encode, blocks, enc, r).flatten(-2)
-    scale_shape = (*x.shape[:-1], x.shape[-1] // NVFP4_BLOCK)
     return NVFP4Tensor(
         codes=codes.reshape(x.shape),
         block_scales=block_scales.reshape(scale_shape),
