@@ -96,13 +96,16 @@ def _inf_to(scale: torch.Tensor, value_for_inf: float = FLT_MAX) -> torch.Tensor
 
 
 def _te(amax: torch.Tensor, fp8_max: float, opt: ScaleOptions) -> torch.Tensor:
-    # recipe_common.cuh compute_scale_from_amax
-    amax = torch.where(amax < opt.eps, torch.full_like(amax, opt.eps), amax)
-    scale = _inf_to(_scaled_max(fp8_max, opt.margin) / amax, opt.value_for_inf)
+    # recipe_common.cuh compute_scale_from_amax, in few passes (each a kernel launch on a GPU;
+    # the scales of a step are many small tensors): amax >= 0 or NaN, so an eps of 0 floors
+    # nothing; where amax is finite and nonzero the quotient is finite or +Inf.
+    if opt.eps:
+        amax = torch.where(amax < opt.eps, torch.full_like(amax, opt.eps), amax)
+    scale = torch.nan_to_num(_scaled_max(fp8_max, opt.margin) / amax, posinf=opt.value_for_inf)
     if opt.power_of_2:
         scale = (scale.view(torch.int32) & -0x800000).view(torch.float32)  # & 0xFF800000
-    special = torch.isinf(amax) | (amax == 0) | torch.isnan(amax)
-    return torch.where(special, torch.ones_like(scale), scale)
+    # amax 0, Inf or NaN: scale 1
+    return torch.where(torch.isfinite(amax) & (amax != 0), scale, 1.0)
 
 
 def _primus_turbo(amax: torch.Tensor, fp8_max: float, opt: ScaleOptions) -> torch.Tensor:
@@ -262,7 +265,8 @@ def fp8_quantize(
     opt = ScaleOptions(margin=margin, power_of_2=power_of_2, eps=float(eps), value_for_inf=inf_value)
     scale = SCALE_FORMULAS[scale_formula](amax, fmt.max, opt)
     codes = _encode_scaled(x, scale, fmt, g)
-    return FP8Tensor(codes=codes, scale_inv=1.0 / scale, fmt=fmt, granularity=granularity, scale=scale,
+    # reciprocal is 1.0 / scale (which torch computes as reciprocal times 1.0) in one pass
+    return FP8Tensor(codes=codes, scale_inv=torch.reciprocal(scale), fmt=fmt, granularity=granularity, scale=scale,
                      amax=amax)
 
 
