@@ -17,7 +17,7 @@ run() {  # name, timeout, command...
 for step in ${STEPS:-tests train configs quantize}; do
     case $step in
         tests) run cuda_tests 300 python3 -m pytest -m cuda tests/test_mx_fused.py tests/test_device_parity.py tests/test_fp8_fused.py tests/test_gemm_inexact.py \
-                   tests/test_gemm.py tests/test_nvfp4_fused.py tests/test_linear_transposes.py tests/test_cuda_syncs.py -q -p no:cacheprovider -n 8
+                   tests/test_gemm.py tests/test_nvfp4_fused.py tests/test_linear_transposes.py tests/test_cuda_syncs.py tests/test_gemm_epilogue.py -q -p no:cacheprovider -n 8
                tail -4 "$OUT/cuda_tests.log" ;;
         train) for f in ${FUSED:-1}; do
                    MXCHECK_FUSED_MX=$f run train_fused$f 200 python3 benchmarks/bench_training_step.py --device cuda \
