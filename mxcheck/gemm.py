@@ -45,7 +45,7 @@ from mxcheck.scaling import (
 )
 from mxcheck.scaling.blocks import per_row
 from mxcheck.scaling.fp8 import FP8_GRANULARITIES
-from mxcheck.scaling.mx_cuda import dequantize_bf16, gemm_f32_where_inexact, outer_scaled_epilogue
+from mxcheck.scaling.mx_cuda import dequantize_bf16, gemm_f32_where_inexact, outer_scaled_epilogue, transposed_codes
 
 __all__ = [
     "ACCUMULATE_DTYPES",
@@ -154,9 +154,9 @@ def transposed_operand(q: QTensor, spec: OperandSpec) -> QTensor | None:
         return None
     if isinstance(q, FP8Tensor) and spec.scaling == q.granularity:
         if q.granularity == "tensor":
-            return replace(q, codes=q.codes.t().contiguous())
+            return replace(q, codes=_codes_t(q.codes))
         if q.granularity == "block128x128":
-            return replace(q, codes=q.codes.t().contiguous(),
+            return replace(q, codes=_codes_t(q.codes),
                            **{f: getattr(q, f).t().contiguous() for f in ("scale_inv", "scale", "amax")})
         return None
     if isinstance(q, MXTensor) and spec.scaling == "mx" and q.block_2d and q.hadamard is None:
@@ -164,13 +164,19 @@ def transposed_operand(q: QTensor, spec: OperandSpec) -> QTensor | None:
         if tuple(q.codes.shape) != q.shape or (spec.pad_to is not None and rows % spec.pad_to):
             return None  # a padded axis: x.T pads the other one
         tiles = q.scales[:: q.block_size]  # each tile's byte sits on each of its rows
-        return replace(q, codes=q.codes.t().contiguous(), scales=per_row(tiles.t().contiguous(), q.block_size),
+        return replace(q, codes=_codes_t(q.codes), scales=per_row(tiles.t().contiguous(), q.block_size),
                        shape=(cols, rows))
     if isinstance(q, NVFP4Tensor) and spec.scaling == "nvfp4" and q.block_2d and q.hadamard is None:
         tiles = q.block_scales[:: spec.block_size]
-        return replace(q, codes=q.codes.t().contiguous(),
+        return replace(q, codes=_codes_t(q.codes),
                        block_scales=per_row(tiles.t().contiguous(), spec.block_size))
     return None
+
+
+def _codes_t(codes: torch.Tensor) -> torch.Tensor:
+    """codes.t().contiguous(): one tiled Triton pass where it runs, else torch's copy."""
+    fused = transposed_codes(codes)
+    return codes.t().contiguous() if fused is None else fused
 
 
 def _describe(spec: OperandSpec) -> str:

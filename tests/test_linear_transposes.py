@@ -19,7 +19,9 @@ from mxcheck.functions import quant_linear
 from mxcheck.functions.linear import OperandQuantizer
 from mxcheck.gemm import quantize_operand, transposed_operand
 from mxcheck.recipes import RECIPES, OperandSpec
+from mxcheck.scaling import mx_cuda
 from mxcheck.scaling.mx import MX_ELEMENT_FORMATS
+from tests.test_mx_fused import interpreted  # noqa: F401  (the fixture the interpreter tests use)
 
 pytestmark = pytest.mark.emulated
 
@@ -171,3 +173,28 @@ def test_a_tensor_changed_in_place_or_another_storage_is_quantized_again(gen, mo
     q("x_row", x)
     q("x_col", x.t())  # the premise: unchanged and the same storage, it is taken
     assert taken == ["tensor"]
+
+
+# ------------------------------------------------------------------ the tiled byte transpose
+
+TRANSPOSE_SHAPES = [(1, 1), (64, 64), (100, 37), (130, 300), (0, 5)]
+
+
+def _assert_tiled_transpose(device: str, gen: torch.Generator) -> None:
+    for shape in TRANSPOSE_SHAPES:
+        codes = torch.randint(0, 256, shape, generator=gen, dtype=torch.uint8).to(device)
+        got = mx_cuda.transposed_codes(codes)
+        assert got is not None, shape
+        assert got.is_contiguous() and torch.equal(got.cpu(), codes.cpu().t()), shape
+
+
+@pytest.mark.emulated
+@pytest.mark.usefixtures("interpreted")
+def test_the_tiled_byte_transpose_in_the_interpreter_is_torchs(gen):
+    _assert_tiled_transpose("cpu", gen)
+
+
+@pytest.mark.cuda
+def test_the_tiled_byte_transpose_on_cuda_is_torchs(gen):
+    pytest.importorskip("triton")
+    _assert_tiled_transpose("cuda", gen)

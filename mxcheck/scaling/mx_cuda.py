@@ -46,7 +46,7 @@ from mxcheck.formats import FloatFormat
 from mxcheck.hadamard import Hadamard
 
 __all__ = ["dequantize_bf16", "gemm_f32_where_inexact", "nvfp4_quantize_blocks", "outer_scaled_epilogue",
-           "quantize_blocks", "scaled_encode"]
+           "quantize_blocks", "scaled_encode", "transposed_codes"]
 
 _cache: dict[tuple[str, bool], Any] = {}
 _BLOCK = 2048
@@ -98,7 +98,7 @@ def _kernels() -> dict[str, Any] | None:
     _cache[key] = {"dequantize": module.mx_dequant_bf16, "quantize": module.mx_quantize_blocks,
                    "scaled_encode": module.fp8_scaled_encode, "gemm_f32": module.mx_gemm_f32_where_inexact,
                    "epilogue": module.outer_scaled_epilogue,
-                   "amax": module.blocks_amax}
+                   "amax": module.blocks_amax, "transpose": module.transpose_bytes}
     return _cache[key]
 
 
@@ -340,4 +340,21 @@ def outer_scaled_epilogue(acc: torch.Tensor, outer_a: torch.Tensor, outer_b: tor
             acc, outer_a.contiguous(), outer_b.contiguous(), acc if bias is None else bias.contiguous(), out, n,
             n_cols, SA_PER_ROW=sa_per_row, SB_PER_COL=sb_per_col, HAS_BIAS=bias is not None,
             WIDE=n + _BLOCK >= 2**31, BLOCK=_BLOCK, enable_fp_fusion=False)
+    return out
+
+
+_TRANSPOSE_TILE = 64
+
+
+def transposed_codes(codes: torch.Tensor) -> torch.Tensor | None:
+    """``codes.t().contiguous()`` of a 2D uint8 tensor in one tiled pass, or None where the
+    kernel cannot run (torch's byte transpose is a strided copy, several times slower)."""
+    if not _runs_here(codes) or codes.dtype != torch.uint8 or codes.dim() != 2 or (kernels := _kernels()) is None:
+        return None
+    codes = codes.contiguous()
+    rows, cols = codes.shape
+    out = torch.empty((cols, rows), dtype=torch.uint8, device=codes.device)
+    if codes.numel():
+        kernels["transpose"][(-(-rows // _TRANSPOSE_TILE), -(-cols // _TRANSPOSE_TILE))](
+            codes, out, rows, cols, TILE=_TRANSPOSE_TILE)
     return out

@@ -347,3 +347,14 @@ def outer_scaled_epilogue(acc_ptr, sa_ptr, sb_ptr, bias_ptr, out_ptr, n, cols,
     if HAS_BIAS:
         y = y + tl.load(bias_ptr + offs % cols, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask)
+
+
+@triton.jit
+def transpose_bytes(src_ptr, dst_ptr, rows, cols, TILE: tl.constexpr):
+    # dst (cols, rows) = src (rows, cols)^T, both contiguous, one TILE x TILE tile a
+    # program: the tile is loaded along src's rows and stored along dst's (coalesced both
+    # ways; a byte-wise strided copy is not)
+    r = tl.program_id(0).to(tl.int64) * TILE + tl.arange(0, TILE)
+    c = tl.program_id(1).to(tl.int64) * TILE + tl.arange(0, TILE)
+    tile = tl.load(src_ptr + r[:, None] * cols + c[None, :], mask=(r[:, None] < rows) & (c[None, :] < cols))
+    tl.store(dst_ptr + c[:, None] * rows + r[None, :], tl.trans(tile), mask=(c[:, None] < cols) & (r[None, :] < rows))
