@@ -106,8 +106,9 @@ class OperandQuantizer:
         transposed = self._as_transpose(operand, t)
         if transposed is not None:
             return transposed
-        # The fused CUDA MX quantizer reads a transposed copy (w_col, g_col, x_col) in place.
-        operand_in = t if spec.scaling == "mx" and t.is_cuda else t.contiguous()
+        # The fused CUDA MX and NVFP4 quantizers read a transposed copy (w_col, g_col, x_col)
+        # in place.
+        operand_in = t if spec.scaling in ("mx", "nvfp4") and t.is_cuda else t.contiguous()
         try:
             with oracle_scope():
                 out = quantize_operand(operand_in, spec, rand=rand, state=state)
