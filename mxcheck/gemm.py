@@ -45,7 +45,12 @@ from mxcheck.scaling import (
 )
 from mxcheck.scaling.blocks import per_row
 from mxcheck.scaling.fp8 import FP8_GRANULARITIES
-from mxcheck.scaling.mx_cuda import dequantize_bf16, gemm_f32_where_inexact, outer_scaled_epilogue, transposed_codes
+from mxcheck.scaling.mx_cuda import (
+    dequantize_bf16,
+    gemm_f32_where_inexact,
+    outer_scaled_epilogue,
+    transposed_codes,
+)
 
 __all__ = [
     "ACCUMULATE_DTYPES",

@@ -26,6 +26,7 @@ kernel detail not modelled here.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -85,7 +86,7 @@ class ScaleOptions:
 
 def _scaled_max(fp8_max: float, margin: int) -> torch.Tensor:
     """TE's ``fp8_max * 2**-margin`` as a float32 (exact), the numerator of every scale."""
-    return torch.tensor(fp8_max * 2.0**-margin, dtype=torch.float32)
+    return _host_float32(fp8_max * 2.0**-margin)
 
 
 def _inf_to(scale: torch.Tensor, value_for_inf: float = FLT_MAX) -> torch.Tensor:
@@ -108,9 +109,17 @@ def _te(amax: torch.Tensor, fp8_max: float, opt: ScaleOptions) -> torch.Tensor:
     return torch.where(torch.isfinite(amax) & (amax != 0), scale, 1.0)
 
 
+_PRIMUS_EPS = torch.tensor(1e-12, dtype=torch.float32)
+
+
 def _primus_turbo(amax: torch.Tensor, fp8_max: float, opt: ScaleOptions) -> torch.Tensor:
-    eps = torch.tensor(1e-12, dtype=torch.float32)
-    return torch.tensor(fp8_max, dtype=torch.float32) / torch.fmax(amax, eps)
+    return _host_float32(fp8_max) / torch.fmax(amax, _PRIMUS_EPS)
+
+
+@functools.lru_cache(maxsize=32)
+def _host_float32(value: float) -> torch.Tensor:
+    """A float32 0-dim CPU tensor of value, made once (a device op takes it by value)."""
+    return torch.tensor(value, dtype=torch.float32)
 
 
 SCALE_FORMULAS: dict[str, Callable[[torch.Tensor, float, ScaleOptions], torch.Tensor]] = {
