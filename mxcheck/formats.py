@@ -519,15 +519,18 @@ def _decode_table(fmt: FloatFormat) -> torch.Tensor:
     return torch.where(_nan_codes(code, field, mant, fmt), math.nan, value)
 
 
-def decode_table(fmt: str | FloatFormat, device: torch.device | str = "cpu") -> torch.Tensor:
-    """float64 value of every code of fmt, indexed by code. Read-only: one copy per device is
-    kept, because a host-to-device copy on every call waits for the GPU to drain."""
-    return _decode_table_on(get_format(fmt), torch.device(device))
+def decode_table(fmt: str | FloatFormat, device: torch.device | str = "cpu",
+                 dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """The value of every code of fmt, indexed by code, in dtype (float64 by default; float32
+    and bf16 hold every element format's values exactly). Read-only: one copy per device and
+    dtype is kept, because a host-to-device copy on every call waits for the GPU to drain,
+    and a cast on every call is a kernel launch."""
+    return _decode_table_on(get_format(fmt), torch.device(device), dtype)
 
 
 @functools.cache
-def _decode_table_on(fmt: FloatFormat, device: torch.device) -> torch.Tensor:
-    return _decode_table(fmt).to(device)
+def _decode_table_on(fmt: FloatFormat, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    return _decode_table(fmt).to(device=device, dtype=dtype)
 
 
 def decode(codes: torch.Tensor, fmt: str | FloatFormat) -> torch.Tensor:
@@ -543,7 +546,7 @@ def decode(codes: torch.Tensor, fmt: str | FloatFormat) -> torch.Tensor:
             f"codes hold values outside [0, {(1 << fmt.bits) - 1}] for fmt={fmt.name} "
             f"({fmt.bits}-bit codes; upper bits must be zero)"
         )
-    return decode_table(fmt, codes.device).to(torch.float32)[idx]
+    return decode_table(fmt, codes.device, torch.float32)[idx]
 
 
 def cast(x: torch.Tensor, fmt: str | FloatFormat, **kwargs) -> torch.Tensor:

@@ -410,7 +410,8 @@ def _mx_gemm_without_a_read(a: MXTensor, b: MXTensor, out_dtype: torch.dtype,
         raise ValueError(f"a is on {device} and b on {b.codes.device}; put both on one device")
     checked = any(_bf16_lowest_byte(q.fmt) > 0 for q in (a, b))
     inexact = torch.zeros(1, dtype=torch.int32, device=device) if checked else None
-    operands = [(q.codes, q.scales, decode_table(q.fmt, device), q.block_size) for q in (a, b)]
+    operands = [(q.codes, q.scales, decode_table(q.fmt, device, torch.float32), q.block_size)
+                for q in (a, b)]
     values = [dequantize_bf16(*op, inexact=inexact, lowest_byte=max(0, _bf16_lowest_byte(q.fmt)),
                               magnitude_mask=q.fmt.magnitude_mask) for op, q in zip(operands, (a, b), strict=True)]
     if values[0] is None or values[1] is None:

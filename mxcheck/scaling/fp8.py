@@ -148,7 +148,7 @@ class FP8Tensor:
 
     def dequantize(self) -> torch.Tensor:
         """float32 ``fp8_value * scale_inv`` (one float32 multiply, as TE's dequantize)."""
-        table = decode_table(self.fmt, self.codes.device).to(torch.float32)
+        table = decode_table(self.fmt, self.codes.device, torch.float32)
         return _blockwise(lambda c, s: table[c.to(torch.int32)] * s, self.codes, self.scale_inv,
                           FP8_GRANULARITIES[self.granularity])
 

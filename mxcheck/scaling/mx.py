@@ -65,11 +65,12 @@ class MXTensor:
         scales = self.scales.movedim(self.axis, -1)
         fused = None
         if dtype == torch.bfloat16 and codes.is_cuda:  # one Triton pass instead of four
-            fused = dequantize_bf16(codes, scales, decode_table(self.fmt, codes.device), self.block_size)
+            fused = dequantize_bf16(codes, scales, decode_table(self.fmt, codes.device, torch.float32),
+                                    self.block_size)
         if fused is not None:
             out = fused if padded else fused[..., : self.shape[self.axis]]
             return out.movedim(-1, self.axis)
-        table = decode_table(self.fmt, codes.device).to(dtype)
+        table = decode_table(self.fmt, codes.device, dtype)
 
         def chunk(c: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
             values = table[c.to(torch.int32)]

@@ -28,7 +28,6 @@ A -0.0 (or a negative that rounds to zero) keeps its sign (code 0x8), as the har
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -58,10 +57,9 @@ def _f32(v: float) -> torch.Tensor:
     return torch.tensor(v, dtype=torch.float32)
 
 
-@functools.cache
 def _ue4m3_values(device: torch.device) -> torch.Tensor:
-    """float32 value of every ue4m3 code on device, made once (a cast per call is a launch)."""
-    return decode_table(_UE4M3, device).to(torch.float32)
+    """float32 value of every ue4m3 code on device (one cached copy)."""
+    return decode_table(_UE4M3, device, torch.float32)
 
 
 # The product fp8_max * fp4_max is exact; 1/6 and 1/(6*448) are float32 constants as in the
@@ -100,8 +98,8 @@ class NVFP4Tensor:
                             "the values exactly)")
         if dtype == torch.bfloat16:
             device = self.codes.device
-            fused = dequantize_bf16(self.codes, self.block_scales, decode_table(_E2M1, device), NVFP4_BLOCK,
-                                    scale_table=decode_table(_UE4M3, device))
+            fused = dequantize_bf16(self.codes, self.block_scales, decode_table(_E2M1, device, torch.float32),
+                                    NVFP4_BLOCK, scale_table=_ue4m3_values(device))
             if fused is not None:
                 return fused
         return self._times_block(self._scale_values().unsqueeze(-1)).to(dtype)
@@ -111,7 +109,7 @@ class NVFP4Tensor:
 
     def _times_block(self, factor: torch.Tensor) -> torch.Tensor:
         """float32 e2m1 value * factor (one value per block of 16, shape (..., blocks, 1))."""
-        table = decode_table(_E2M1, self.codes.device).to(torch.float32)
+        table = decode_table(_E2M1, self.codes.device, torch.float32)
         codes = self.codes.unflatten(-1, (-1, NVFP4_BLOCK))
         if codes.ndim == 2:  # a 1D tensor: its blocks are the rows
             return (table[codes.to(torch.int32)] * factor).flatten(-2)
