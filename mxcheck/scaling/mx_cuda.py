@@ -182,9 +182,12 @@ def _block_layout(xs: torch.Tensor, block_size: int, block_2d: bool, h_size: int
         xs = xs.contiguous()
     row_fastest = block_2d or (xs.dim() == 2 and xs.stride(1) != 1)
     n_blocks = xs.numel() // block_size
+    # the largest offset a program forms: into x through its strides, or into the outputs
+    extent = max(xs.numel(), 1 + sum((size - 1) * stride for size, stride in zip(xs.shape, xs.stride(), strict=True)))
     args = dict(n_blocks=n_blocks, rows=rows, stride_row=xs.stride(0) if xs.dim() == 2 else xs.shape[-1],
                 stride_col=xs.stride(-1) if xs.dim() else 1, ROW_FASTEST=row_fastest, MX_BLOCK=block_size,
-                GROUPS=groups, CONTIGUOUS=not row_fastest and xs.is_contiguous())
+                GROUPS=groups, CONTIGUOUS=not row_fastest and xs.is_contiguous(),
+                WIDE=extent + groups * block_size >= 2**31)
     return xs, args, ((n_blocks + groups - 1) // groups,)
 
 

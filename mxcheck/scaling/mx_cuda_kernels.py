@@ -117,7 +117,7 @@ def _round_to_bf16(x):
 def _load_blocks(x_ptr, n_blocks, rows, stride_row, stride_col, ROW_FASTEST: tl.constexpr, MX_BLOCK: tl.constexpr,
                  GROUPS: tl.constexpr, H_SIZE: tl.constexpr, H_LOG2: tl.constexpr, H_NORM: tl.constexpr,
                  H_INPUT_BF16: tl.constexpr, H_SIGNS: tl.constexpr, H_OUTPUT_BF16: tl.constexpr,
-                 CONTIGUOUS: tl.constexpr):
+                 CONTIGUOUS: tl.constexpr, WIDE: tl.constexpr):
     """(x, offs, sblk, in_range): this program's GROUPS blocks of MX_BLOCK float32 values
     (rotated where H_SIZE > 1), their offsets in the contiguous (rows, C) output, their block
     index there, and which blocks exist.
@@ -128,8 +128,11 @@ def _load_blocks(x_ptr, n_blocks, rows, stride_row, stride_col, ROW_FASTEST: tl.
     hadamard.apply_hadamard's, step for step in float32: the input rounded to bf16
     (H_INPUT_BF16), times the signs (bit i of H_SIGNS set: element i of each run is
     negated), the radix-2 butterflies, one multiply by the norm, the output rounded to bf16
-    (H_OUTPUT_BF16)."""
-    blk = tl.program_id(0).to(tl.int64) * GROUPS + tl.arange(0, GROUPS)
+    (H_OUTPUT_BF16). Offsets are int64 only where the tensor needs them (WIDE)."""
+    pid = tl.program_id(0)
+    if WIDE:
+        pid = pid.to(tl.int64)
+    blk = pid * GROUPS + tl.arange(0, GROUPS)
     in_range = blk < n_blocks
     blocks_per_row = n_blocks // rows
     if ROW_FASTEST:
@@ -164,13 +167,14 @@ def _load_blocks(x_ptr, n_blocks, rows, stride_row, stride_col, ROW_FASTEST: tl.
 def blocks_amax(x_ptr, amax_ptr, n_blocks, rows, stride_row, stride_col, ROW_FASTEST: tl.constexpr,
                 MX_BLOCK: tl.constexpr, GROUPS: tl.constexpr, H_SIZE: tl.constexpr, H_LOG2: tl.constexpr,
                 H_NORM: tl.constexpr, H_INPUT_BF16: tl.constexpr, H_SIGNS: tl.constexpr,
-                H_OUTPUT_BF16: tl.constexpr, CONTIGUOUS: tl.constexpr):
+                H_OUTPUT_BF16: tl.constexpr, CONTIGUOUS: tl.constexpr, WIDE: tl.constexpr):
     # max |x| over the whole (rotated) tensor, as the float32 bits of a value >= +0 in the
     # int32 at amax_ptr (zeroed by the caller): for those bits the integer order is the
     # float order, so an integer atomic max is the float max. A NaN is the quiet NaN
     # 0x7FC00000, above every other value: it propagates, as torch's amax.
     x, _, _, in_range = _load_blocks(x_ptr, n_blocks, rows, stride_row, stride_col, ROW_FASTEST, MX_BLOCK, GROUPS,
-                                     H_SIZE, H_LOG2, H_NORM, H_INPUT_BF16, H_SIGNS, H_OUTPUT_BF16, CONTIGUOUS)
+                                     H_SIZE, H_LOG2, H_NORM, H_INPUT_BF16, H_SIGNS, H_OUTPUT_BF16, CONTIGUOUS,
+                                     WIDE)
     bits = tl.where(x != x, 0x7FC00000, tl.abs(x).to(tl.int32, bitcast=True))
     tl.atomic_max(amax_ptr, tl.max(tl.max(tl.where(in_range[:, None], bits, 0), axis=1), axis=0))
 
@@ -211,14 +215,14 @@ def mx_quantize_blocks(x_ptr, u_ptr, scales_ptr, codes_ptr, global_ptr, ue4m3_pt
                        ROUNDING: tl.constexpr, RAND_BITS: tl.constexpr, ZERO_SCALE: tl.constexpr,
                        SCALES_GIVEN: tl.constexpr, H_SIZE: tl.constexpr, H_LOG2: tl.constexpr, H_NORM: tl.constexpr,
                        H_INPUT_BF16: tl.constexpr, H_SIGNS: tl.constexpr, H_OUTPUT_BF16: tl.constexpr,
-                       TILE_ROWS: tl.constexpr, CONTIGUOUS: tl.constexpr):
+                       TILE_ROWS: tl.constexpr, CONTIGUOUS: tl.constexpr, WIDE: tl.constexpr):
     # Codes, scales and u are contiguous in the (rows, C) output (_load_blocks). 2D tiles
     # (TILE_ROWS > 1, ROW_FASTEST) are TILE_ROWS consecutive blocks of a program, which share
     # their amax. RULE 0-3 are MX's E8M0 scale rules; RULE 4 is NVFP4: ue4m3 block scales
     # from the global amax at global_ptr (whose tensor scale program 0 writes after it).
     x, offs, sblk, in_range = _load_blocks(x_ptr, n_blocks, rows, stride_row, stride_col, ROW_FASTEST, MX_BLOCK,
                                            GROUPS, H_SIZE, H_LOG2, H_NORM, H_INPUT_BF16, H_SIGNS, H_OUTPUT_BF16,
-                                           CONTIGUOUS)
+                                           CONTIGUOUS, WIDE)
     if ROUNDING == 3:
         if RAND_BITS:  # uint8 bits: u = bits / 256, exact (formats.uniforms)
             u = tl.load(u_ptr + offs, mask=in_range[:, None], other=0).to(tl.float64) * (1.0 / 256)
@@ -229,12 +233,14 @@ def mx_quantize_blocks(x_ptr, u_ptr, scales_ptr, codes_ptr, global_ptr, ue4m3_pt
     if SCALES_GIVEN:
         s = tl.load(scales_ptr + sblk, mask=in_range, other=0).to(tl.int32)
     else:
-        # blocks.block_amax (2D tiles: the max of their rows' block maxima)
-        amax = tl.max(tl.abs(x), axis=1)
-        has_nan = tl.max((x != x).to(tl.int32), axis=1)
+        # blocks.block_amax (2D tiles: the max of their rows' block maxima), as one integer
+        # max over the bits of |x|: for values >= +0 the integer order is the float order,
+        # and a NaN is above +Inf (0x7F800000)
+        top = tl.max(tl.abs(x).to(tl.int32, bitcast=True), axis=1)
         if TILE_ROWS > 1:
-            amax = _tile_max(amax, GROUPS, TILE_ROWS)
-            has_nan = _tile_max(has_nan, GROUPS, TILE_ROWS)
+            top = _tile_max(top, GROUPS, TILE_ROWS)
+        amax = top.to(tl.float32, bitcast=True)
+        has_nan = top > 0x7F800000
         if RULE == 4:
             s, mult = _nvfp4_block_mult(amax, global_ptr, ue4m3_ptr, rcp_e2m1_max, 3.4028234663852886e38, 2688.0)
             tl.store(scales_ptr + sblk, s.to(tl.uint8), mask=in_range)
@@ -243,8 +249,7 @@ def mx_quantize_blocks(x_ptr, u_ptr, scales_ptr, codes_ptr, global_ptr, ue4m3_pt
                 tl.store(global_ptr + 1, _f32_quotient(g, tl.full([], 2688.0, tl.float32)).to(tl.int32, bitcast=True))
         else:
             # rules.SCALE_RULES on the float32 bits of the block amax, then scale_bytes
-            has_nan = has_nan > 0
-            bits = amax.to(tl.int32, bitcast=True)
+            bits = top
             field = (bits >> 23) & 0xFF
             if RULE == 0:  # floor
                 e = field - 127 - EMAX
