@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the H200: the fused MX kernels' cuda tests, then issue 15's benchmarks that they move.
-# Logs and JSON under $OUT. STEPS picks a subset (tests train configs quantize gemm memory host triton syncs).
+# Logs and JSON under $OUT. STEPS picks a subset (tests train configs quantize gemm memory host triton syncs sweep).
 set -uo pipefail
 export PYTHONPATH=.:/tmp/site PYTHONUNBUFFERED=1
 if [ ! -d /tmp/site/gfloat ]; then
@@ -21,7 +21,7 @@ for step in ${STEPS:-tests train configs quantize}; do
                tail -4 "$OUT/cuda_tests.log" ;;
         train) for f in ${FUSED:-1}; do
                    MXCHECK_FUSED_MX=$f run train_fused$f 200 python3 benchmarks/bench_training_step.py --device cuda \
-                       --recipes ${RECIPES:-mxfp4 mxfp8 fp8 nvfp4} --profile "${PROFILE_TOP:-0}" --json "$OUT/train_fused$f.json"
+                       --recipes ${RECIPES:-mxfp4 mxfp8 fp8 nvfp4} --rounds ${ROUNDS:-3} --profile "${PROFILE_TOP:-0}" --json "$OUT/train_fused$f.json"
                    grep -E "^(bf16|mx|fp8|nvfp4)" "$OUT/train_fused$f.log"
                done ;;
         configs) run fused_configs 200 python3 benchmarks/bench_fused_configs.py; cat "$OUT/fused_configs.log" | grep -v "^/" | head -80 ;;
@@ -35,6 +35,12 @@ for step in ${STEPS:-tests train configs quantize}; do
                 grep -E "^(bf16|mx)" "$OUT/train_triton.log" ;;
         syncs) run syncs 200 python3 benchmarks/find_syncs.py --recipes ${RECIPES:-mxfp4 mxfp8 fp8 nvfp4}
                grep -A12 "^== " "$OUT/syncs.log" | cut -c1-220 ;;
+        sweep) for pass in cold warm; do  # a fresh machine compiles the kernels in the first pass
+                   run sweep_$pass 200 /usr/bin/time -f "%e s wall" mxcheck sweep --model flux-12b --out "$OUT/sweep_12b_$pass" -q
+                   tail -1 "$OUT/sweep_$pass.log"
+               done
+               python3 tools/h200/same_records.py references/baselines/h200/bench/sweep_12b_final.json \
+                   "$OUT/sweep_12b_warm/sweep.json" ;;
         memory) run memory 120 python3 benchmarks/bench_memory.py --device cuda --json "$OUT/memory.json"; tail -12 "$OUT/memory.log" ;;
     esac
 done
