@@ -212,9 +212,12 @@ def quantize_blocks(xs: torch.Tensor, fmt: FloatFormat, *, block_size: int, scal
     codes = torch.empty(xs.shape, dtype=torch.uint8, device=xs.device)
     out_scales = (torch.empty((*xs.shape[:-1], xs.shape[-1] // block_size), dtype=torch.uint8, device=xs.device)
                   if scales is None else scales.contiguous())
-    if args["n_blocks"]:  # xs stands in for the NVFP4 pointers the kernel then does not read
+    if args["n_blocks"]:
+        # Stand-ins for the NVFP4 pointers the kernel then does not touch: codes for the one
+        # it writes in NVFP4 (torch.compile's mutation analysis of a user kernel may count it
+        # as written, and an input counted so is copied first), xs for the one it reads.
         kernels["quantize"][grid](
-            xs, xs if u is None else u.contiguous(), out_scales, codes, xs, xs, 0.0, **args,
+            xs, xs if u is None else u.contiguous(), out_scales, codes, codes, xs, 0.0, **args,
             MBITS=fmt.mbits, EMIN=fmt.emin, EMAX=fmt.emax, FMAX=fmt.max, BITS=fmt.bits, FNUZ=fmt.nan == "fnuz",
             NAN_CODE=0 if fmt.nan_code is None else fmt.nan_code, RULE=_RULES[scale_rule],
             ROUNDING=_ROUNDINGS[rounding], RAND_BITS=False, ZERO_SCALE=zero_scale, SCALES_GIVEN=scales is not None,
