@@ -114,21 +114,19 @@ def _round_to_bf16(x):
 
 
 @triton.jit
-def _load_blocks(x_ptr, n_blocks, rows, stride_row, stride_col, ROW_FASTEST: tl.constexpr, MX_BLOCK: tl.constexpr,
-                 GROUPS: tl.constexpr, H_SIZE: tl.constexpr, H_LOG2: tl.constexpr, H_NORM: tl.constexpr,
-                 H_INPUT_BF16: tl.constexpr, H_SIGNS: tl.constexpr, H_OUTPUT_BF16: tl.constexpr,
-                 CONTIGUOUS: tl.constexpr, WIDE: tl.constexpr):
-    """(x, offs, sblk, in_range): this program's GROUPS blocks of MX_BLOCK float32 values
-    (rotated where H_SIZE > 1), their offsets in the contiguous (rows, C) output, their block
-    index there, and which blocks exist.
+def _block_offsets(n_blocks, rows, stride_row, stride_col, ROW_FASTEST: tl.constexpr, MX_BLOCK: tl.constexpr,
+                   GROUPS: tl.constexpr, CONTIGUOUS: tl.constexpr, WIDE: tl.constexpr):
+    """(x_offs, offs, sblk, in_range) of this program's GROUPS blocks of MX_BLOCK elements:
+    their offsets into x, their offsets in the contiguous (rows, C) output, their block index
+    there, and which blocks exist.
 
     Block blk is (row, block column) of the output; x is read through its strides: a
     transposed operand (stride_row 1) is read in place, with a program's blocks on
-    consecutive rows so the loads are coalesced across them (ROW_FASTEST). The rotation is
-    hadamard.apply_hadamard's, step for step in float32: the input rounded to bf16
-    (H_INPUT_BF16), times the signs (bit i of H_SIGNS set: element i of each run is
-    negated), the radix-2 butterflies, one multiply by the norm, the output rounded to bf16
-    (H_OUTPUT_BF16). Offsets are int64 only where the tensor needs them (WIDE)."""
+    consecutive rows so the loads are coalesced across them (ROW_FASTEST). Offsets are int64
+    only where the tensor needs them (WIDE). Helpers take offsets and values, never a
+    pointer: torch.compile's analysis of which arguments a user kernel writes then reads the
+    loads and stores in the kernel itself (a pointer handed to a helper, it took as written
+    and copied the input around every call)."""
     pid = tl.program_id(0)
     if WIDE:
         pid = pid.to(tl.int64)
@@ -145,8 +143,18 @@ def _load_blocks(x_ptr, n_blocks, rows, stride_row, stride_col, ROW_FASTEST: tl.
         x_offs = offs
     else:
         x_offs = row[:, None] * stride_row + (col_block[:, None] * MX_BLOCK + tl.arange(0, MX_BLOCK)[None, :]) * stride_col
-    x = tl.load(x_ptr + x_offs, mask=in_range[:, None], other=0.0).to(tl.float32)
-    if H_SIZE > 1:  # hadamard._walsh_hadamard: pairs (i, i + h) of each 2h run -> (a + b, a - b)
+    return x_offs, offs, sblk, in_range
+
+
+@triton.jit
+def _rotate(x, GROUPS: tl.constexpr, MX_BLOCK: tl.constexpr, H_SIZE: tl.constexpr, H_LOG2: tl.constexpr,
+            H_NORM: tl.constexpr, H_INPUT_BF16: tl.constexpr, H_SIGNS: tl.constexpr, H_OUTPUT_BF16: tl.constexpr):
+    """x (GROUPS, MX_BLOCK) float32 rotated along each run of H_SIZE (none where H_SIZE is 1):
+    hadamard.apply_hadamard's steps in float32, the input rounded to bf16 (H_INPUT_BF16),
+    times the signs (bit i of H_SIGNS set: element i of each run is negated), the radix-2
+    butterflies (pairs (i, i + h) of each 2h run -> (a + b, a - b)), one multiply by the
+    norm, the output rounded to bf16 (H_OUTPUT_BF16)."""
+    if H_SIZE > 1:
         if H_INPUT_BF16:
             x = _round_to_bf16(x)
         if H_SIGNS != 0:
@@ -160,7 +168,7 @@ def _load_blocks(x_ptr, n_blocks, rows, stride_row, stride_col, ROW_FASTEST: tl.
         x = x * H_NORM
         if H_OUTPUT_BF16:
             x = _round_to_bf16(x)
-    return x, offs, sblk, in_range
+    return x
 
 
 @triton.jit
@@ -172,9 +180,10 @@ def blocks_amax(x_ptr, amax_ptr, n_blocks, rows, stride_row, stride_col, ROW_FAS
     # int32 at amax_ptr (zeroed by the caller): for those bits the integer order is the
     # float order, so an integer atomic max is the float max. A NaN is the quiet NaN
     # 0x7FC00000, above every other value: it propagates, as torch's amax.
-    x, _, _, in_range = _load_blocks(x_ptr, n_blocks, rows, stride_row, stride_col, ROW_FASTEST, MX_BLOCK, GROUPS,
-                                     H_SIZE, H_LOG2, H_NORM, H_INPUT_BF16, H_SIGNS, H_OUTPUT_BF16, CONTIGUOUS,
-                                     WIDE)
+    x_offs, _, _, in_range = _block_offsets(n_blocks, rows, stride_row, stride_col, ROW_FASTEST, MX_BLOCK, GROUPS,
+                                            CONTIGUOUS, WIDE)
+    x = tl.load(x_ptr + x_offs, mask=in_range[:, None], other=0.0).to(tl.float32)
+    x = _rotate(x, GROUPS, MX_BLOCK, H_SIZE, H_LOG2, H_NORM, H_INPUT_BF16, H_SIGNS, H_OUTPUT_BF16)
     bits = tl.where(x != x, 0x7FC00000, tl.abs(x).to(tl.int32, bitcast=True))
     tl.atomic_max(amax_ptr, tl.max(tl.max(tl.where(in_range[:, None], bits, 0), axis=1), axis=0))
 
@@ -188,22 +197,24 @@ def _f32_quotient(a, b):
 
 
 @triton.jit
-def _nvfp4_block_mult(amax, global_ptr, ue4m3_ptr, rcp_e2m1_max, FLT_MAX: tl.constexpr, E2M1_X_E4M3: tl.constexpr):
-    """(ue4m3 scale codes, element multipliers) of blocks with float32 amax, as
-    nvfp4.nvfp4_quantize computes them; the global amax is the float32 at global_ptr."""
-    g = tl.load(global_ptr).to(tl.float32, bitcast=True)
+def _nvfp4_block_scales(amax, g, rcp_e2m1_max, FLT_MAX: tl.constexpr, E2M1_X_E4M3: tl.constexpr):
+    """(ue4m3 scale codes, S_dec) of blocks with float32 amax under the global amax g, as
+    nvfp4.nvfp4_quantize computes them."""
     # _global_encode_scale: min(2688 / amax, FLT_MAX) (NaN kept), 1 where amax or it is 0
     s_enc = _f32_quotient(tl.full([], E2M1_X_E4M3, tl.float32), g)
     s_enc = tl.where(s_enc > FLT_MAX, FLT_MAX, s_enc)
     s_enc = tl.where((g == 0) | (s_enc == 0), 1.0, s_enc)
-    s_dec = _f32_quotient(tl.full([], 1.0, tl.float32), s_enc)
     # block scale: e4m3 RNE satfinite of amax * (S_enc * fl32(1/6)) (_encode_block_scales;
     # the FLT_MAX clamp is below the saturation), NaN 0x7F; amax >= +0 leaves no sign bit
     code, is_nan = encode_scaled(amax * (s_enc * rcp_e2m1_max), 1.0, 0.0, 3, -6, 448.0, 8, False, 0)
-    code = tl.where(is_nan, 0x7F, code)
-    # the element multiplier from the rounded scale: min(1 / (s * S_dec), FLT_MAX), NaN kept
-    enc = _f32_quotient(tl.full([], 1.0, tl.float32), tl.load(ue4m3_ptr + code) * s_dec)
-    return code, tl.where(enc > FLT_MAX, FLT_MAX, enc)
+    return tl.where(is_nan, 0x7F, code), _f32_quotient(tl.full([], 1.0, tl.float32), s_enc)
+
+
+@triton.jit
+def _nvfp4_element_mult(scale, s_dec, FLT_MAX: tl.constexpr):
+    """The element multiplier from the rounded block scale: min(1 / (s * S_dec), FLT_MAX), NaN kept."""
+    enc = _f32_quotient(tl.full([], 1.0, tl.float32), scale * s_dec)
+    return tl.where(enc > FLT_MAX, FLT_MAX, enc)
 
 
 @triton.jit
@@ -216,13 +227,14 @@ def mx_quantize_blocks(x_ptr, u_ptr, scales_ptr, codes_ptr, global_ptr, ue4m3_pt
                        SCALES_GIVEN: tl.constexpr, H_SIZE: tl.constexpr, H_LOG2: tl.constexpr, H_NORM: tl.constexpr,
                        H_INPUT_BF16: tl.constexpr, H_SIGNS: tl.constexpr, H_OUTPUT_BF16: tl.constexpr,
                        TILE_ROWS: tl.constexpr, CONTIGUOUS: tl.constexpr, WIDE: tl.constexpr):
-    # Codes, scales and u are contiguous in the (rows, C) output (_load_blocks). 2D tiles
+    # Codes, scales and u are contiguous in the (rows, C) output (_block_offsets). 2D tiles
     # (TILE_ROWS > 1, ROW_FASTEST) are TILE_ROWS consecutive blocks of a program, which share
     # their amax. RULE 0-3 are MX's E8M0 scale rules; RULE 4 is NVFP4: ue4m3 block scales
     # from the global amax at global_ptr (whose tensor scale program 0 writes after it).
-    x, offs, sblk, in_range = _load_blocks(x_ptr, n_blocks, rows, stride_row, stride_col, ROW_FASTEST, MX_BLOCK,
-                                           GROUPS, H_SIZE, H_LOG2, H_NORM, H_INPUT_BF16, H_SIGNS, H_OUTPUT_BF16,
-                                           CONTIGUOUS, WIDE)
+    x_offs, offs, sblk, in_range = _block_offsets(n_blocks, rows, stride_row, stride_col, ROW_FASTEST, MX_BLOCK,
+                                                  GROUPS, CONTIGUOUS, WIDE)
+    x = tl.load(x_ptr + x_offs, mask=in_range[:, None], other=0.0).to(tl.float32)
+    x = _rotate(x, GROUPS, MX_BLOCK, H_SIZE, H_LOG2, H_NORM, H_INPUT_BF16, H_SIGNS, H_OUTPUT_BF16)
     if ROUNDING == 3:
         if RAND_BITS:  # uint8 bits: u = bits / 256, exact (formats.uniforms)
             u = tl.load(u_ptr + offs, mask=in_range[:, None], other=0).to(tl.float64) * (1.0 / 256)
@@ -242,10 +254,11 @@ def mx_quantize_blocks(x_ptr, u_ptr, scales_ptr, codes_ptr, global_ptr, ue4m3_pt
         amax = top.to(tl.float32, bitcast=True)
         has_nan = top > 0x7F800000
         if RULE == 4:
-            s, mult = _nvfp4_block_mult(amax, global_ptr, ue4m3_ptr, rcp_e2m1_max, 3.4028234663852886e38, 2688.0)
+            g = tl.load(global_ptr).to(tl.float32, bitcast=True)
+            s, s_dec = _nvfp4_block_scales(amax, g, rcp_e2m1_max, 3.4028234663852886e38, 2688.0)
             tl.store(scales_ptr + sblk, s.to(tl.uint8), mask=in_range)
+            mult = _nvfp4_element_mult(tl.load(ue4m3_ptr + s), s_dec, 3.4028234663852886e38)
             if tl.program_id(0) == 0:  # the tensor scale amax / (6 * 448), beside the amax
-                g = tl.load(global_ptr).to(tl.float32, bitcast=True)
                 tl.store(global_ptr + 1, _f32_quotient(g, tl.full([], 2688.0, tl.float32)).to(tl.int32, bitcast=True))
         else:
             # rules.SCALE_RULES on the float32 bits of the block amax, then scale_bytes
