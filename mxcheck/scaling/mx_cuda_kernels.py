@@ -295,6 +295,17 @@ def mx_quantize_blocks(x_ptr, u_ptr, scales_ptr, codes_ptr, global_ptr, ue4m3_pt
 
 
 @triton.jit
+def _flat_offsets(n, WIDE: tl.constexpr, BLOCK: tl.constexpr):
+    """(offs, mask): this program's BLOCK consecutive offsets, and which are below n; int64
+    only where n needs them (WIDE)."""
+    pid = tl.program_id(0)
+    if WIDE:
+        pid = pid.to(tl.int64)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    return offs, offs < n
+
+
+@triton.jit
 def fp8_scaled_encode(x_ptr, scale_ptr, scale_value, rand_ptr, codes_ptr, n, k, stride_r, stride_c,
                       SCALE: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr, ROUNDING: tl.constexpr,
                       MBITS: tl.constexpr, EMIN: tl.constexpr, FMAX: tl.constexpr, BITS: tl.constexpr,
@@ -305,11 +316,7 @@ def fp8_scaled_encode(x_ptr, scale_ptr, scale_value, rand_ptr, codes_ptr, n, k, 
     # strides (0 along a dimension one scale spans). Offsets are int64 only where n needs
     # them (WIDE): an int64 division by k costs several times the memory traffic. ROUNDING 0
     # is RNE; 3 is SR with u = rand / 256 from uint8 bits (formats.check_rounding), exact.
-    pid = tl.program_id(0)
-    if WIDE:
-        pid = pid.to(tl.int64)
-    offs = pid * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
+    offs, mask = _flat_offsets(n, WIDE, BLOCK)
     raw = tl.load(x_ptr + offs, mask=mask, other=0.0)
     x = raw.to(tl.float32)
     if SCALE == 0:
@@ -348,11 +355,7 @@ def outer_scaled_epilogue(acc_ptr, sa_ptr, sb_ptr, bias_ptr, out_ptr, n, cols,
     # out = cast((acc * (sa * sb)) + bias): three float32 roundings and the cast's, each
     # apart (launched with FMA contraction off). acc is (n / cols, cols), contiguous; sa is
     # one value or one per row, sb one value or one per column.
-    pid = tl.program_id(0)
-    if WIDE:
-        pid = pid.to(tl.int64)
-    offs = pid * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
+    offs, mask = _flat_offsets(n, WIDE, BLOCK)
     if SA_PER_ROW:
         sa = tl.load(sa_ptr + offs // cols, mask=mask, other=1.0)
     else:
