@@ -1,5 +1,6 @@
-"""Fused kernels for CUDA with Triton: MX quantize in one pass, MX dequantize to bf16 in
-one, and the FP8 scaled encode in one.
+"""Fused kernels for CUDA with Triton: MX quantize in one pass, NVFP4 quantize in two, MX
+dequantize to bf16 in one, the FP8 scaled encode in one, the FP8/NVFP4 GEMM epilogue in one,
+and the byte transpose of a transposed operand's codes in one.
 
 They are fast paths of the pure-PyTorch oracles in ``mxcheck.scaling.mx`` and
 ``mxcheck.scaling.fp8``, not a second definition: the same integer and float32 arithmetic,
@@ -32,6 +33,19 @@ interpreter, which is how the CPU tests reach them. The kernels are in
   (sign | nan_code; fnuz: nan_code), read from x's own bits; a NaN the multiply makes (Inf
   times primus_turbo's zero scale for an Inf amax) is negative, as the torch path's x86
   multiply makes it.
+- ``nvfp4_quantize_blocks``: the torch path makes about thirty passes and tiny ops (TE's RHT,
+  the global and block amaxes, the scale arithmetic, the two encodes); here one pass takes the
+  global amax of the (rotated) tensor, and the quantize kernel's NVFP4 rule takes each block's
+  amax, ue4m3 scale, encode scale and codes (``tests/test_nvfp4_fused.py``).
+- ``outer_scaled_epilogue``: the float32 sum of an FP8 (tensor, row) or NVFP4 GEMM times
+  ``outer_a * outer_b``, plus the bias, cast once, each rounding apart (FMA contraction off),
+  where torch made three or four passes over a float32 output (``tests/test_gemm_epilogue.py``).
+- ``transposed_codes``: ``codes.t().contiguous()`` by tiles; torch's byte transpose is a
+  strided copy.
+
+The kernels' helper functions take offsets and values, never a pointer: torch.compile's
+analysis of which arguments a user kernel writes takes a pointer handed to a helper as
+written, and then copies that argument around every compiled call.
 """
 
 from __future__ import annotations
