@@ -43,9 +43,11 @@ interpreter, which is how the CPU tests reach them. The kernels are in
 - ``transposed_codes``: ``codes.t().contiguous()`` by tiles; torch's byte transpose is a
   strided copy.
 
-The kernels' helper functions take offsets and values, never a pointer: torch.compile's
-analysis of which arguments a user kernel writes takes a pointer handed to a helper as
-written, and then copies that argument around every compiled call.
+The quantize kernels' helper functions take offsets and values, never a pointer:
+torch.compile's analysis of which arguments a user kernel writes takes a pointer handed to a
+helper as written, and then copies that argument around every compiled call (measured on the
+quantize: 0.161 against 0.066 ms). ``_mx_values``, which the dequantize and the fallback GEMM
+share, still takes pointers; those kernels have not been timed under torch.compile.
 """
 
 from __future__ import annotations
