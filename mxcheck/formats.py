@@ -525,6 +525,9 @@ def decode_table(fmt: str | FloatFormat, device: torch.device | str = "cpu",
     and bf16 hold every element format's values exactly). Read-only: one copy per device and
     dtype is kept, because a host-to-device copy on every call waits for the GPU to drain,
     and a cast on every call is a kernel launch."""
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype={dtype!r}; expected a floating-point torch.dtype (float64, float32 or bfloat16 "
+                        "hold every element format's values)")
     return _decode_table_on(get_format(fmt), torch.device(device), dtype)
 
 

@@ -27,6 +27,7 @@ __all__ = [
     "HADAMARDS",
     "Hadamard",
     "apply_hadamard",
+    "check_length",
     "get_hadamard",
     "hadamard_matrix",
 ]
@@ -197,6 +198,15 @@ def _signs_on(signs: tuple[int, ...], dtype: torch.dtype, device: torch.device) 
     return torch.tensor(signs, dtype=dtype, device=device)
 
 
+def check_length(length: int, hadamard: Hadamard, axis: int) -> None:
+    """ValueError unless runs of ``hadamard.size`` tile an axis of this length."""
+    if length % hadamard.size:
+        raise ValueError(
+            f"axis {axis} has length {length}, not a multiple of the Hadamard size {hadamard.size}; "
+            f"pad it to a multiple of {hadamard.size} first"
+        )
+
+
 def apply_hadamard(x: torch.Tensor, hadamard: Hadamard | str, *, axis: int = -1) -> torch.Tensor:
     """Rotate each run of ``hadamard.size`` consecutive elements of x along ``axis``.
 
@@ -212,11 +222,7 @@ def apply_hadamard(x: torch.Tensor, hadamard: Hadamard | str, *, axis: int = -1)
     if not -ndim <= axis < ndim:
         raise ValueError(f"axis={axis} is out of range for a {ndim}-d tensor of shape {tuple(x.shape)}")
     length = x.shape[axis]
-    if length % h.size:
-        raise ValueError(
-            f"axis {axis} has length {length}, not a multiple of the Hadamard size {h.size}; "
-            f"pad it to a multiple of {h.size} first"
-        )
+    check_length(length, h, axis)
     work = x.to(torch.float64 if x.dtype == torch.float64 else torch.float32)
     work = _round_to(work, h.round_input_to)
     work = work.movedim(axis, -1)

@@ -968,6 +968,12 @@ def test_decode_of_non_integer_codes_is_a_type_error(dtype):
         decode(torch.zeros(2, dtype=dtype), "e4m3")
 
 
+@pytest.mark.parametrize("dtype", [torch.int32, torch.uint8, "float32"], ids=str)
+def test_decode_table_refuses_a_dtype_that_is_not_floating_point(dtype):
+    with pytest.raises(TypeError, match=r"dtype=.*expected a floating-point torch.dtype"):
+        decode_table("e4m3", "cpu", dtype)
+
+
 @pytest.mark.parametrize("rounding", ["nearest", "RNE", "stochastic", "floor", ""])
 def test_unknown_rounding_is_a_value_error(rounding):
     with pytest.raises(ValueError, match=rf"rounding={rounding!r} is not known; expected one of \['half_away', 'rne', 'sr', 'trunc'\]"):

@@ -141,4 +141,3 @@ def test_the_fallback_gemm_in_the_interpreter_overwrites_only_when_flagged(tiny_
     inexact = torch.tensor([int(tiny_bytes)], dtype=torch.int32)
     assert mx_cuda.gemm_f32_where_inexact(inexact, *operands, y)
     assert torch.equal(y, exact if tiny_bytes else sentinel)
-

@@ -150,3 +150,16 @@ def test_nvfp4_block_values_on_cuda_equal_the_cpu():
     gpu = NVFP4Tensor(codes=q.codes.cuda(), block_scales=q.block_scales.cuda(), tensor_scale=q.tensor_scale.cuda(),
                       amax=q.amax.cuda())
     same_bf16_values(gpu.block_values(torch.bfloat16).cpu(), q.block_values().bfloat16())
+
+
+@pytest.mark.emulated
+def test_nvfp4_sr_from_float32_uniforms_takes_the_torch_path_where_the_kernel_reads_bits(gen, monkeypatch,
+                                                                                          interpreted):  # noqa: F811
+    # The fused kernel reads SR's randomness as uint8 bits; float32 uniforms (which
+    # nvfp4_quantize accepts too) must not reach it, or every u would be read as bits.
+    x = nvfp4_inputs(gen)
+    u = torch.rand(x.shape, generator=gen)
+    monkeypatch.setenv("MXCHECK_FUSED_MX", "0")
+    want = nvfp4_quantize(x, rand=u)
+    monkeypatch.setenv("MXCHECK_FUSED_MX", "1")
+    same_nvfp4(nvfp4_quantize(x, rand=u), want)

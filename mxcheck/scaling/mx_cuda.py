@@ -251,10 +251,11 @@ def nvfp4_quantize_blocks(x: torch.Tensor, element: FloatFormat, ue4m3_table: to
     ``nvfp4.nvfp4_quantize`` computes them, in two passes: the global amax (of the rotated
     tensor, with ``hadamard``), then the block scales and codes; or None where the kernels
     cannot run. ``ue4m3_table``: the float32 values of the block scale codes on x's device;
-    ``rcp_element_max``: fl32(1/6); ``rand``: uint8 bits shaped like x for SR."""
+    ``rcp_element_max``: fl32(1/6); ``rand``: uint8 bits shaped like x for SR (float32
+    uniforms are the torch path's: the kernel reads bits)."""
     rotation = _rotation_args(hadamard, _NVFP4_BLOCK)
     if (not _runs_here(x) or x.dim() != 2 or not x.numel() or rotation is None
-            or (kernels := _kernels()) is None):
+            or (rand is not None and rand.dtype != torch.uint8) or (kernels := _kernels()) is None):
         return None
     layout = _block_layout(x, _NVFP4_BLOCK, block_2d, rotation["H_SIZE"], False)
     if layout is None:

@@ -40,7 +40,7 @@ from mxcheck.formats import (
     encode_bits,
     uniforms,
 )
-from mxcheck.hadamard import Hadamard, apply_hadamard, get_hadamard
+from mxcheck.hadamard import Hadamard, apply_hadamard, check_length, get_hadamard
 from mxcheck.scaling.blocks import block_amax, by_row_chunks, check_tiles, per_row
 from mxcheck.scaling.mx_cuda import dequantize_bf16, nvfp4_quantize_blocks, scaled_encode
 
@@ -170,6 +170,8 @@ def nvfp4_quantize(
     if rand is not None:
         check_rand(rand, x)
     rot = get_hadamard(hadamard)
+    if rot is not None:  # here, not only in apply_hadamard: the fused path rotates in its kernel
+        check_length(x.shape[-1], rot, -1)
     scale_shape = (*x.shape[:-1], x.shape[-1] // NVFP4_BLOCK)
     # On CUDA two fused passes (mx_cuda.nvfp4_quantize_blocks: the global amax, then block
     # scales and codes, rotation included), the same bits as the torch passes below
