@@ -83,6 +83,53 @@ def micro() -> dict[str, float]:
     return out
 
 
+def breakdown(recipes=RECIPES, n: int = 200) -> dict[str, dict[str, float]]:
+    """Host microseconds per fwd+bwd of a small quant_linear, split by the pieces it runs:
+    each operand's quantization and each GEMM, timed around the calls (the device never
+    holds the host back at this size)."""
+    import collections  # noqa: PLC0415
+
+    from mxcheck.functions import linear as lin  # noqa: PLC0415
+
+    spent: collections.Counter[str] = collections.Counter()
+    quantize, run_gemm = lin.OperandQuantizer.__call__, lin.OperandQuantizer.run_gemm
+    forward, backward = lin.QuantLinearFunction.forward, lin.QuantLinearFunction.backward
+
+    def timed(name_of, fn):
+        def wrapper(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                spent[name_of(a)] += time.perf_counter() - t0
+        return wrapper
+
+    lin.OperandQuantizer.__call__ = timed(lambda a: f"quantize {a[1]}", quantize)
+    lin.OperandQuantizer.run_gemm = timed(lambda a: f"gemm {a[1]}", run_gemm)
+    lin.QuantLinearFunction.forward = staticmethod(timed(lambda a: "Function.forward", forward))
+    lin.QuantLinearFunction.backward = staticmethod(timed(lambda a: "Function.backward", backward))
+    out = {}
+    try:
+        x = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        w = torch.randn(512, 512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        for recipe in recipes:
+            for _ in range(10):
+                quant_linear(x, w, None, recipe).sum().backward()
+            torch.cuda.synchronize()
+            spent.clear()
+            t0 = time.perf_counter()
+            for _ in range(n):
+                quant_linear(x, w, None, recipe).sum().backward()
+            spent["total (fwd+bwd, sum, autograd)"] = time.perf_counter() - t0
+            torch.cuda.synchronize()
+            out[recipe] = {k: round(v / n * 1e6, 1) for k, v in sorted(spent.items())}
+            print(recipe, out[recipe], flush=True)
+    finally:
+        lin.OperandQuantizer.__call__, lin.OperandQuantizer.run_gemm = quantize, run_gemm
+        lin.QuantLinearFunction.forward, lin.QuantLinearFunction.backward = staticmethod(forward), staticmethod(backward)
+    return out
+
+
 def launches_per_step() -> dict[str, dict[str, float]]:
     """Device kernels, memcpys and the CPU self time of one flux-535m step per recipe."""
     cfg = TrainConfig(model="flux-535m", samples=4, img_tokens=1024, txt_tokens=256, device="cuda")
@@ -113,14 +160,20 @@ def launches_per_step() -> dict[str, dict[str, float]]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--json")
+    p.add_argument("--parts", nargs="+", default=["micro", "breakdown", "steps"])
     args = p.parse_args()
-    costs = micro()
-    for k, v in costs.items():
-        print(f"{k:40s} {v:8.1f} us", flush=True)
-    steps = launches_per_step()
+    record: dict[str, object] = {"torch": torch.__version__}
+    if "micro" in args.parts:
+        record["per_call_us"] = costs = micro()
+        for k, v in costs.items():
+            print(f"{k:40s} {v:8.1f} us", flush=True)
+    if "breakdown" in args.parts:
+        record["linear_breakdown_us"] = breakdown()
+    if "steps" in args.parts:
+        record["per_step"] = launches_per_step()
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"per_call_us": costs, "per_step": steps, "torch": torch.__version__}, f, indent=1)
+            json.dump(record, f, indent=1)
 
 
 if __name__ == "__main__":

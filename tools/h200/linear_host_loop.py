@@ -1,8 +1,9 @@
 """A quantized linear's forward and backward in a loop, for a sampling profiler (py-spy) to
 see where the host's time goes, backward thread included (cProfile sees one thread only).
 
-    py-spy record -r 1000 -f raw --threads -o spy.txt -- \\
-        python3 tools/h200/linear_host_loop.py mxfp4 --seconds 8 [--device cuda] [--shape 256 512 512]
+    python3 tools/h200/linear_host_loop.py mxfp4 --seconds 20 [--device cuda] [--shape 256 512 512] &
+    # once it prints "warm":
+    py-spy record --pid $! --duration 5 --nonblocking -r 250 -f raw --threads -o spy.txt
 
 ``--step``: loop bench_training_step's flux-535m step instead (the recipe's, or bf16's).
 """
@@ -25,6 +26,7 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=8.0)
     p.add_argument("--device", default="cuda")
     p.add_argument("--shape", type=int, nargs=3, default=(256, 512, 512), metavar=("M", "N", "K"))
+    p.add_argument("--warmup", type=int, default=5, help="calls before the loop (prints 'warm' after)")
     p.add_argument("--step", action="store_true", help="the flux-535m training step instead")
     args = p.parse_args()
     if args.step:
@@ -43,6 +45,11 @@ def main() -> None:
             y = torch.nn.functional.linear(x, w) if args.recipe == "bf16" else quant_linear(x, w, None, args.recipe)
             y.sum().backward()
 
+    for _ in range(args.warmup):  # Triton compiles on the first calls: not the host cost looked for
+        call()
+    if args.device == "cuda":
+        torch.cuda.synchronize()
+    print("warm", flush=True)
     calls, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < args.seconds:
         call()
