@@ -14,6 +14,10 @@ AdamW state live at once (about 9 GB each for flux-535m): on a small CPU machine
 ``--model flux-small`` or fewer ``--recipes``.
 ``--profile N`` prints torch.profiler's N most expensive ops (self device time on CUDA,
 self CPU time on a CPU) of one step per recipe: where the step's extra time goes.
+``--cuda-graph`` captures every step (bf16's too) as a CUDA graph
+(``mxcheck.training.cuda_graph_step``) and replays it: the host's Python, dispatch and
+launches leave the step, so the ratio is the device's arithmetic alone; the eager ratio is
+what a user running the emulation without graphs sees.
 ``--compile-quantizers`` is an experiment, not a supported mode: it wraps the quantizers
 the emulated GEMMs call in ``torch.compile`` (one graph per shape) to measure what fusing
 their elementwise passes would give, and reports whether the first step's loss and every
@@ -31,17 +35,28 @@ import time
 import torch
 from bench_quantize import _sync, median_seconds  # this folder is sys.path[0] when run as a script
 
-from mxcheck.training import MasterWeights, TrainConfig, _dataset, flow_matching_loss, make_model
+from mxcheck.training import (
+    MasterWeights,
+    TrainConfig,
+    _dataset,
+    cuda_graph_step,
+    flow_matching_loss,
+    make_model,
+)
 
 GOAL = 1.5
 
 
-def make_step(cfg: TrainConfig, recipe: str | None, backend: str):
-    """One training step on its own model, data and generators (the model is built here)."""
+def make_step(cfg: TrainConfig, recipe: str | None, backend: str, cuda_graph: bool = False):
+    """One training step on its own model, data and generators (the model is built here);
+    ``cuda_graph``: the step captured as a CUDA graph (``mxcheck.training.cuda_graph_step``,
+    AdamW capturable), replayed per call."""
     model = make_model(cfg, recipe, backend)
-    master = MasterWeights(model, lambda ps: torch.optim.AdamW(ps, lr=cfg.lr, betas=cfg.betas))
+    master = MasterWeights(model, lambda ps: torch.optim.AdamW(ps, lr=cfg.lr, betas=cfg.betas, capturable=cuda_graph))
     data = _dataset(cfg)
     gen = torch.Generator().manual_seed(cfg.seed + 2)
+    if cuda_graph:
+        return cuda_graph_step(model, master, data, gen)
 
     def step() -> None:
         flow_matching_loss(model, data, gen).backward()
@@ -106,6 +121,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3, help="rounds over bf16 and every recipe, interleaved")
     p.add_argument("--profile", type=int, default=0, help="print the N most expensive ops per recipe")
     p.add_argument("--compile-quantizers", action="store_true", help="the experiment above")
+    p.add_argument("--cuda-graph", action="store_true",
+                   help="every step (bf16's too) captured as a CUDA graph and replayed: the device's share")
     p.add_argument("--json", help="write the results here too")
     args = p.parse_args()
     cfg = TrainConfig(model=args.model, samples=args.samples, img_tokens=args.img_tokens,
@@ -118,7 +135,7 @@ def main() -> None:
     # drift of the machine during the run moves the baseline with the recipes; a round's
     # ratio is against that round's bf16.
     names = ["bf16", *args.recipes]
-    steps = {name: make_step(cfg, None if name == "bf16" else name, args.backend) for name in names}
+    steps = {name: make_step(cfg, None if name == "bf16" else name, args.backend, args.cuda_graph) for name in names}
     per_round: dict[str, list[float]] = {name: [] for name in names}
     for _ in range(args.rounds):
         for name in names:
@@ -128,7 +145,8 @@ def main() -> None:
     for name in names:
         ratios = [ms / base for ms, base in zip(per_round[name], per_round["bf16"], strict=True)]
         ms, ratio = statistics.median(per_round[name]), statistics.median(ratios)
-        row = {"recipe": name, "backend": args.backend if name != "bf16" else "nn.Linear", "ms": round(ms, 2),
+        row = {"recipe": name, "backend": args.backend if name != "bf16" else "nn.Linear",
+               "mode": "cuda graph" if args.cuda_graph else "eager", "ms": round(ms, 2),
                "ratio": round(ratio, 3), "round_ms": [round(t, 2) for t in per_round[name]],
                "round_ratios": [round(r, 3) for r in ratios],
                "host_ms": round(host_ms[name], 2), "goal": GOAL if name != "bf16" else None}

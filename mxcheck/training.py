@@ -33,6 +33,8 @@ __all__ = [
     "TrainResult",
     "check_loss_falls",
     "check_tracks",
+    "cuda_graph_step",
+    "draw_t_noise",
     "eval_loss",
     "flow_matching_batch",
     "flow_matching_loss",
@@ -85,17 +87,28 @@ def synthetic_dataset(config: FluxConfig | str, samples: int, img_tokens: int, t
     return data
 
 
-def flow_matching_batch(data: dict[str, torch.Tensor], generator: torch.Generator,
-                        dtype: torch.dtype = torch.bfloat16, rows: slice | None = None,
+def draw_t_noise(x0: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """One step's t (one per sample) and noise (shaped like x0, float32), drawn on the
+    (CPU) generator: the same draws whatever device trains."""
+    return logit_normal(x0.shape[0], generator), torch.randn(x0.shape, generator=generator)
+
+
+def flow_matching_batch(data: dict[str, torch.Tensor], generator: torch.Generator | None,
+                        dtype: torch.dtype = torch.bfloat16, rows: slice | None = None, *,
+                        draws: tuple[torch.Tensor, torch.Tensor] | None = None,
                         ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """(model inputs at x_t, velocity target noise - x0) for one step's draw of t and noise.
 
     ``rows`` keeps a slice of the batch (a data-parallel rank's shard). t and noise are drawn
     for the whole batch first, so the ranks together see exactly a single process's draws.
+    ``draws``: this step's (t, noise) from ``draw_t_noise``, drawn already (a CUDA graph's
+    inputs); then ``generator`` is not used.
     """
     x0 = data["x0"]
-    t = logit_normal(x0.shape[0], generator).to(x0.device)
-    noise = torch.randn(x0.shape, generator=generator).to(x0.device)
+    if draws is None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator={generator!r}; expected a torch.Generator, or pass draws=(t, noise)")
+    t, noise = draw_t_noise(x0, generator) if draws is None else draws
+    t, noise = t.to(x0.device), noise.to(x0.device)
     if rows is not None:
         data, t, noise = {k: v[rows] for k, v in data.items()}, t[rows], noise[rows]
         x0 = data["x0"]
@@ -104,10 +117,11 @@ def flow_matching_batch(data: dict[str, torch.Tensor], generator: torch.Generato
     return {"img": x_t.to(dtype), "timesteps": t.to(dtype), **cond}, noise - x0
 
 
-def flow_matching_loss(model: nn.Module, data: dict[str, torch.Tensor], generator: torch.Generator,
-                       dtype: torch.dtype = torch.bfloat16, rows: slice | None = None) -> torch.Tensor:
+def flow_matching_loss(model: nn.Module, data: dict[str, torch.Tensor], generator: torch.Generator | None,
+                       dtype: torch.dtype = torch.bfloat16, rows: slice | None = None, *,
+                       draws: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """MSE between the model's prediction at x_t and the velocity target noise - x0."""
-    inputs, target = flow_matching_batch(data, generator, dtype, rows)
+    inputs, target = flow_matching_batch(data, generator, dtype, rows, draws=draws)
     return F.mse_loss(model(**inputs).float(), target.float())
 
 
@@ -131,6 +145,61 @@ class MasterWeights:
         self.optimizer.step()
         for p, m in zip(self.params, self.master, strict=True):
             p.copy_(m)
+
+
+def cuda_graph_step(model: nn.Module, master: MasterWeights, data: dict[str, torch.Tensor],
+                    generator: torch.Generator, *, warmup: int = 3) -> Callable[[], torch.Tensor]:
+    """The training step (flow-matching loss, backward, ``master.step()``) as a CUDA graph:
+    ``warmup`` eager steps (on a side stream, as torch's whole-network capture does: the
+    Triton kernels compile, cuBLAS and AdamW make their state), then one capture. The
+    returned function draws the step's t and noise on ``generator`` (CPU), copies them into
+    the graph's input buffers without a host wait and replays; it returns the loss, a device
+    tensor the graph rewrites each replay.
+
+    A replay runs the kernels the eager step runs, on the same draws, so a run of warmup
+    steps and replays gives the eager run's parameters bit for bit
+    (tests/test_cuda_graph_step.py); what it removes is the host's time per step (Python,
+    dispatch, launches), which bounds an emulated step on a fast GPU. The step must not read
+    the device from the host (DelayedScaling's history does; fp8-block's GEMM choice does) and
+    its optimizer must be capturable (``AdamW(..., capturable=True)``).
+    """
+    if not isinstance(warmup, int) or warmup < 1:
+        raise ValueError(f"warmup={warmup!r}; expected an int >= 1 (the capture needs the kernels compiled "
+                         "and the optimizer's state made by an eager step first)")
+    x0 = data["x0"]
+    if not x0.is_cuda:
+        raise ValueError(f"data is on {x0.device}; a CUDA graph step needs the model and data on a CUDA device")
+    t_in = torch.empty(x0.shape[0], device=x0.device)
+    noise_in = torch.empty(x0.shape, device=x0.device)
+
+    def fill() -> None:  # pinned, so the copies queue behind the last replay instead of waiting for it
+        t, noise = draw_t_noise(x0, generator)
+        t_in.copy_(t.pin_memory(), non_blocking=True)
+        noise_in.copy_(noise.pin_memory(), non_blocking=True)
+
+    def body() -> torch.Tensor:
+        loss = flow_matching_loss(model, data, None, draws=(t_in, noise_in))
+        loss.backward()
+        master.step()
+        return loss.detach()
+
+    side = torch.cuda.Stream(device=x0.device)
+    side.wait_stream(torch.cuda.current_stream(x0.device))
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fill()
+            body()
+    torch.cuda.current_stream(x0.device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        loss = body()
+
+    def step() -> torch.Tensor:
+        fill()
+        graph.replay()
+        return loss
+
+    return step
 
 
 def make_model(cfg: TrainConfig, recipe: str | None = None, backend: str = "emulated") -> Flux:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the H200: the fused MX kernels' cuda tests, then issue 15's benchmarks that they move.
-# Logs and JSON under $OUT. STEPS picks a subset (tests train configs quantize gemm memory host triton syncs sweep).
+# Logs and JSON under $OUT. STEPS picks a subset (tests train graph configs quantize gemm memory host triton syncs sweep).
 set -uo pipefail
 export PYTHONPATH=.:/tmp/site PYTHONUNBUFFERED=1
 if [ ! -d /tmp/site/gfloat ]; then
@@ -17,13 +17,16 @@ run() {  # name, timeout, command...
 for step in ${STEPS:-tests train configs quantize}; do
     case $step in
         tests) run cuda_tests 300 python3 -m pytest -m cuda tests/test_mx_fused.py tests/test_device_parity.py tests/test_fp8_fused.py tests/test_gemm_inexact.py \
-                   tests/test_gemm.py tests/test_nvfp4_fused.py tests/test_linear_transposes.py tests/test_cuda_syncs.py tests/test_gemm_epilogue.py -q -p no:cacheprovider -n 8
+                   tests/test_gemm.py tests/test_nvfp4_fused.py tests/test_linear_transposes.py tests/test_cuda_syncs.py tests/test_gemm_epilogue.py tests/test_cuda_graph_step.py -q -p no:cacheprovider -n 8
                tail -4 "$OUT/cuda_tests.log" ;;
         train) for f in ${FUSED:-1}; do
                    MXCHECK_FUSED_MX=$f run train_fused$f 200 python3 benchmarks/bench_training_step.py --device cuda \
                        --recipes ${RECIPES:-mxfp4 mxfp8 fp8 nvfp4} --rounds ${ROUNDS:-3} --profile "${PROFILE_TOP:-0}" --json "$OUT/train_fused$f.json"
                    grep -E "^(bf16|mx|fp8|nvfp4)" "$OUT/train_fused$f.log"
                done ;;
+        graph) run train_graph 300 python3 benchmarks/bench_training_step.py --device cuda --cuda-graph \
+                   --recipes ${RECIPES:-mxfp4 mxfp8 fp8 nvfp4} --rounds ${ROUNDS:-3} --json "$OUT/train_graph.json"
+               grep -E "^(bf16|mx|fp8|nvfp4)|Error" "$OUT/train_graph.log" ;;
         configs) run fused_configs 200 python3 benchmarks/bench_fused_configs.py; cat "$OUT/fused_configs.log" | grep -v "^/" | head -80 ;;
         quantize) run quantize 150 python3 benchmarks/bench_quantize.py --device cuda --compile --repeat 30 --json "$OUT/quantize.json"
                   grep "case=" "$OUT/quantize.log" ;;

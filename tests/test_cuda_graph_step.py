@@ -1,0 +1,77 @@
+"""A training step captured as a CUDA graph computes what the eager step computes, bit for bit.
+
+``mxcheck.training.cuda_graph_step`` replays one captured step (loss, backward, AdamW on the
+FP32 master, the copy back); a replay must use this step's t and noise (copied into the
+graph's inputs) and this step's stochastic-rounding bits (the default CUDA generator, which a
+graph advances per replay as eager calls do). A graph that replayed stale inputs, or the
+same SR bits each step, would still train; here it would differ from the eager run.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mxcheck.rng import seeded_default_rng
+from mxcheck.training import (
+    MasterWeights,
+    TrainConfig,
+    _dataset,
+    cuda_graph_step,
+    flow_matching_loss,
+    make_model,
+)
+
+# flux-small: every linear dimension tiles MX, NVFP4 and FP8's blocks; 2 x 128 tokens
+CFG = TrainConfig(model="flux-small", samples=2, img_tokens=64, txt_tokens=64, device="cuda")
+WARMUP, STEPS = 2, 3
+
+
+def _build(recipe: str | None, cfg: TrainConfig = CFG):
+    model = make_model(cfg, recipe)
+    master = MasterWeights(model, lambda ps: torch.optim.AdamW(ps, lr=cfg.lr, betas=cfg.betas, capturable=True))
+    return model, master, _dataset(cfg), torch.Generator().manual_seed(cfg.seed + 2)
+
+
+def _run(recipe: str | None, graphed: bool) -> tuple[list[float], list[torch.Tensor]]:
+    """The losses of the STEPS steps after WARMUP eager ones, and the parameters after them."""
+    model, master, data, gen = _build(recipe)
+    losses = []
+    with seeded_default_rng(CFG.seed + 3, CFG.device):  # SR recipes draw their bits from it
+        if graphed:
+            step = cuda_graph_step(model, master, data, gen, warmup=WARMUP)
+            losses = [step().item() for _ in range(STEPS)]
+        else:
+            for i in range(WARMUP + STEPS):
+                loss = flow_matching_loss(model, data, gen)
+                loss.backward()
+                master.step()
+                if i >= WARMUP:
+                    losses.append(loss.item())
+    return losses, [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("recipe", [None, "mxfp4", "mxfp8", "fp8", "nvfp4"])
+def test_graph_replays_give_the_eager_steps_bits(recipe):
+    pytest.importorskip("triton")
+    eager_losses, eager_params = _run(recipe, graphed=False)
+    graph_losses, graph_params = _run(recipe, graphed=True)
+    initial = [p.detach() for p in make_model(CFG, recipe).parameters()]
+    # the premise: each step saw new draws, and the steps moved every parameter
+    assert len(set(eager_losses)) == STEPS
+    assert all(not torch.equal(p, q) for p, q in zip(eager_params, initial, strict=True))
+    assert graph_losses == eager_losses
+    moved = [i for i, (p, q) in enumerate(zip(graph_params, eager_params, strict=True)) if not torch.equal(p, q)]
+    assert not moved, f"{len(moved)} of {len(eager_params)} parameters differ from the eager run's"
+
+
+@pytest.mark.emulated
+def test_a_cuda_graph_step_refuses_cpu_data_and_no_warmup():
+    cfg = TrainConfig(device="cpu")
+    model, master, data, gen = _build(None, cfg)
+    with pytest.raises(ValueError, match="data is on cpu"):
+        cuda_graph_step(model, master, data, gen)
+    for warmup in (0, -1, 1.5):
+        with pytest.raises(ValueError, match=f"warmup={warmup}"):
+            cuda_graph_step(model, master, data, gen, warmup=warmup)
