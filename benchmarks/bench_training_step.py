@@ -15,7 +15,7 @@ AdamW state live at once (about 9 GB each for flux-535m): on a small CPU machine
 ``--profile N`` prints torch.profiler's N most expensive ops (self device time on CUDA,
 self CPU time on a CPU) of one step per recipe: where the step's extra time goes.
 ``--cuda-graph`` captures every step (bf16's too) as a CUDA graph
-(``mxcheck.training.cuda_graph_step``) and replays it: the host's Python, dispatch and
+(``mxcheck.training.CUDAGraphStep``) and replays it: the host's Python, dispatch and
 launches leave the step, so the ratio is the device's arithmetic alone; the eager ratio is
 what a user running the emulation without graphs sees.
 ``--compile-quantizers`` is an experiment, not a supported mode: it wraps the quantizers
@@ -36,10 +36,10 @@ import torch
 from bench_quantize import _sync, median_seconds  # this folder is sys.path[0] when run as a script
 
 from mxcheck.training import (
+    CUDAGraphStep,
     MasterWeights,
     TrainConfig,
     _dataset,
-    cuda_graph_step,
     flow_matching_loss,
     make_model,
 )
@@ -49,14 +49,14 @@ GOAL = 1.5
 
 def make_step(cfg: TrainConfig, recipe: str | None, backend: str, cuda_graph: bool = False):
     """One training step on its own model, data and generators (the model is built here);
-    ``cuda_graph``: the step captured as a CUDA graph (``mxcheck.training.cuda_graph_step``,
+    ``cuda_graph``: the step captured as a CUDA graph (``mxcheck.training.CUDAGraphStep``,
     AdamW capturable), replayed per call."""
     model = make_model(cfg, recipe, backend)
     master = MasterWeights(model, lambda ps: torch.optim.AdamW(ps, lr=cfg.lr, betas=cfg.betas, capturable=cuda_graph))
     data = _dataset(cfg)
     gen = torch.Generator().manual_seed(cfg.seed + 2)
     if cuda_graph:
-        return cuda_graph_step(model, master, data, gen)
+        return CUDAGraphStep(model, master, data, gen)
 
     def step() -> None:
         flow_matching_loss(model, data, gen).backward()

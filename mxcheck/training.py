@@ -28,12 +28,12 @@ from mxcheck.flux.quantize import quantize_model
 from mxcheck.rng import seeded_default_rng
 
 __all__ = [
+    "CUDAGraphStep",
     "MasterWeights",
     "TrainConfig",
     "TrainResult",
     "check_loss_falls",
     "check_tracks",
-    "cuda_graph_step",
     "draw_t_noise",
     "eval_loss",
     "flow_matching_batch",
@@ -147,59 +147,61 @@ class MasterWeights:
             p.copy_(m)
 
 
-def cuda_graph_step(model: nn.Module, master: MasterWeights, data: dict[str, torch.Tensor],
-                    generator: torch.Generator, *, warmup: int = 3) -> Callable[[], torch.Tensor]:
+class CUDAGraphStep:
     """The training step (flow-matching loss, backward, ``master.step()``) as a CUDA graph:
     ``warmup`` eager steps (on a side stream, as torch's whole-network capture does: the
-    Triton kernels compile, cuBLAS and AdamW make their state), then one capture. The
-    returned function draws the step's t and noise on ``generator`` (CPU), copies them into
-    the graph's input buffers without a host wait and replays; it returns the loss, a device
-    tensor the graph rewrites each replay.
+    Triton kernels compile, cuBLAS and AdamW make their state), then one capture. Each call
+    draws the step's t and noise on ``generator`` (CPU), copies them into the graph's input
+    buffers without a host wait and replays; it returns the loss, a device tensor the graph
+    rewrites each replay.
 
     A replay runs the kernels the eager step runs, on the same draws, so a run of warmup
     steps and replays gives the eager run's parameters bit for bit
     (tests/test_cuda_graph_step.py); what it removes is the host's time per step (Python,
-    dispatch, launches), which bounds an emulated step on a fast GPU. The step must not read
-    the device from the host (DelayedScaling's history does; fp8-block's GEMM choice does) and
-    its optimizer must be capturable (``AdamW(..., capturable=True)``).
+    dispatch, launches), which bounds an emulated step on a fast GPU. The object holds the
+    model, master copy, data and buffers the graph reads: a graph keeps only addresses, so
+    freed memory under a replay is an illegal access, or another tensor's bits. The step must
+    not read the device from the host (DelayedScaling's history does; fp8-block's GEMM
+    choice does) and its optimizer must be capturable (``AdamW(..., capturable=True)``).
     """
-    if not isinstance(warmup, int) or warmup < 1:
-        raise ValueError(f"warmup={warmup!r}; expected an int >= 1 (the capture needs the kernels compiled "
-                         "and the optimizer's state made by an eager step first)")
-    x0 = data["x0"]
-    if not x0.is_cuda:
-        raise ValueError(f"data is on {x0.device}; a CUDA graph step needs the model and data on a CUDA device")
-    t_in = torch.empty(x0.shape[0], device=x0.device)
-    noise_in = torch.empty(x0.shape, device=x0.device)
 
-    def fill() -> None:  # pinned, so the copies queue behind the last replay instead of waiting for it
-        t, noise = draw_t_noise(x0, generator)
-        t_in.copy_(t.pin_memory(), non_blocking=True)
-        noise_in.copy_(noise.pin_memory(), non_blocking=True)
+    def __init__(self, model: nn.Module, master: MasterWeights, data: dict[str, torch.Tensor],
+                 generator: torch.Generator, *, warmup: int = 3) -> None:
+        if not isinstance(warmup, int) or warmup < 1:
+            raise ValueError(f"warmup={warmup!r}; expected an int >= 1 (the capture needs the kernels compiled "
+                             "and the optimizer's state made by an eager step first)")
+        x0 = data["x0"]
+        if not x0.is_cuda:
+            raise ValueError(f"data is on {x0.device}; a CUDA graph step needs the model and data on a CUDA device")
+        self.model, self.master, self.data, self.generator = model, master, data, generator
+        self.t_in = torch.empty(x0.shape[0], device=x0.device)
+        self.noise_in = torch.empty(x0.shape, device=x0.device)
+        side = torch.cuda.Stream(device=x0.device)
+        side.wait_stream(torch.cuda.current_stream(x0.device))
+        with torch.cuda.stream(side):
+            for _ in range(warmup):
+                self._fill()
+                self._body()
+        torch.cuda.current_stream(x0.device).wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.loss = self._body()
 
-    def body() -> torch.Tensor:
-        loss = flow_matching_loss(model, data, None, draws=(t_in, noise_in))
+    def _fill(self) -> None:  # pinned, so the copies queue behind the last replay instead of waiting for it
+        t, noise = draw_t_noise(self.data["x0"], self.generator)
+        self.t_in.copy_(t.pin_memory(), non_blocking=True)
+        self.noise_in.copy_(noise.pin_memory(), non_blocking=True)
+
+    def _body(self) -> torch.Tensor:
+        loss = flow_matching_loss(self.model, self.data, None, draws=(self.t_in, self.noise_in))
         loss.backward()
-        master.step()
+        self.master.step()
         return loss.detach()
 
-    side = torch.cuda.Stream(device=x0.device)
-    side.wait_stream(torch.cuda.current_stream(x0.device))
-    with torch.cuda.stream(side):
-        for _ in range(warmup):
-            fill()
-            body()
-    torch.cuda.current_stream(x0.device).wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        loss = body()
-
-    def step() -> torch.Tensor:
-        fill()
-        graph.replay()
-        return loss
-
-    return step
+    def __call__(self) -> torch.Tensor:
+        self._fill()
+        self.graph.replay()
+        return self.loss
 
 
 def make_model(cfg: TrainConfig, recipe: str | None = None, backend: str = "emulated") -> Flux:

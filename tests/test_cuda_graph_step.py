@@ -1,23 +1,27 @@
 """A training step captured as a CUDA graph computes what the eager step computes, bit for bit.
 
-``mxcheck.training.cuda_graph_step`` replays one captured step (loss, backward, AdamW on the
+``mxcheck.training.CUDAGraphStep`` replays one captured step (loss, backward, AdamW on the
 FP32 master, the copy back); a replay must use this step's t and noise (copied into the
 graph's inputs) and this step's stochastic-rounding bits (the default CUDA generator, which a
 graph advances per replay as eager calls do). A graph that replayed stale inputs, or the
-same SR bits each step, would still train; here it would differ from the eager run.
+same SR bits each step, would still train; here it would differ from the eager run. The
+step object is the only owner of its model here (as in the benchmark): a graph holds only
+addresses, so anything it reads that the object does not keep is freed under the replay.
 """
 
 from __future__ import annotations
+
+import gc
 
 import pytest
 import torch
 
 from mxcheck.rng import seeded_default_rng
 from mxcheck.training import (
+    CUDAGraphStep,
     MasterWeights,
     TrainConfig,
     _dataset,
-    cuda_graph_step,
     flow_matching_loss,
     make_model,
 )
@@ -33,15 +37,23 @@ def _build(recipe: str | None, cfg: TrainConfig = CFG):
     return model, master, _dataset(cfg), torch.Generator().manual_seed(cfg.seed + 2)
 
 
+def _graphed(recipe: str | None) -> CUDAGraphStep:
+    return CUDAGraphStep(*_build(recipe), warmup=WARMUP)
+
+
 def _run(recipe: str | None, graphed: bool) -> tuple[list[float], list[torch.Tensor]]:
     """The losses of the STEPS steps after WARMUP eager ones, and the parameters after them."""
-    model, master, data, gen = _build(recipe)
     losses = []
     with seeded_default_rng(CFG.seed + 3, CFG.device):  # SR recipes draw their bits from it
         if graphed:
-            step = cuda_graph_step(model, master, data, gen, warmup=WARMUP)
+            step = _graphed(recipe)
+            gc.collect()  # whatever only _graphed's frame held is gone now
+            torch.cuda.empty_cache()  # and its memory back with the driver or reused
+            _filler = torch.full((1 << 24,), float("nan"), device=CFG.device)  # takes freed blocks, if any
             losses = [step().item() for _ in range(STEPS)]
+            model = step.model
         else:
+            model, master, data, gen = _build(recipe)
             for i in range(WARMUP + STEPS):
                 loss = flow_matching_loss(model, data, gen)
                 loss.backward()
@@ -71,7 +83,7 @@ def test_a_cuda_graph_step_refuses_cpu_data_and_no_warmup():
     cfg = TrainConfig(device="cpu")
     model, master, data, gen = _build(None, cfg)
     with pytest.raises(ValueError, match="data is on cpu"):
-        cuda_graph_step(model, master, data, gen)
+        CUDAGraphStep(model, master, data, gen)
     for warmup in (0, -1, 1.5):
         with pytest.raises(ValueError, match=f"warmup={warmup}"):
-            cuda_graph_step(model, master, data, gen, warmup=warmup)
+            CUDAGraphStep(model, master, data, gen, warmup=warmup)
