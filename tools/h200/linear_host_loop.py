@@ -1,5 +1,5 @@
 """A quantized linear's forward and backward in a loop, for a sampling profiler (py-spy) to
-see where the host's time goes, backward thread included (cProfile sees one thread only).
+see where the host's time goes, the autograd thread's backward included.
 
     python3 tools/h200/linear_host_loop.py mxfp4 --seconds 20 [--device cuda] [--shape 256 512 512] &
     # once it prints "warm":
