@@ -170,12 +170,16 @@ class CUDAGraphStep:
         if not isinstance(warmup, int) or warmup < 1:
             raise ValueError(f"warmup={warmup!r}; expected an int >= 1 (the capture needs the kernels compiled "
                              "and the optimizer's state made by an eager step first)")
+        if not isinstance(generator, torch.Generator) or generator.device.type != "cpu":
+            raise TypeError(f"generator={generator!r}; expected a CPU torch.Generator (t and noise are drawn "
+                            "on the CPU, as the eager step draws them, and copied into the graph's inputs)")
         x0 = data["x0"]
         if not x0.is_cuda:
             raise ValueError(f"data is on {x0.device}; a CUDA graph step needs the model and data on a CUDA device")
         self.model, self.master, self.data, self.generator = model, master, data, generator
-        self.t_in = torch.empty(x0.shape[0], device=x0.device)
-        self.noise_in = torch.empty(x0.shape, device=x0.device)
+        # the draws' dtype (torch's default, as draw_t_noise makes them), so the copy is exact
+        self.t_in = torch.empty(x0.shape[0], device=x0.device, dtype=torch.get_default_dtype())
+        self.noise_in = torch.empty(x0.shape, device=x0.device, dtype=torch.get_default_dtype())
         side = torch.cuda.Stream(device=x0.device)
         side.wait_stream(torch.cuda.current_stream(x0.device))
         with torch.cuda.stream(side):

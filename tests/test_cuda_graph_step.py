@@ -12,6 +12,7 @@ addresses, so anything it reads that the object does not keep is freed under the
 from __future__ import annotations
 
 import gc
+import re
 
 import pytest
 import torch
@@ -79,11 +80,14 @@ def test_graph_replays_give_the_eager_steps_bits(recipe):
 
 
 @pytest.mark.emulated
-def test_a_cuda_graph_step_refuses_cpu_data_and_no_warmup():
+def test_a_cuda_graph_step_refuses_cpu_data_no_warmup_and_no_cpu_generator():
     cfg = TrainConfig(device="cpu")
     model, master, data, gen = _build(None, cfg)
     with pytest.raises(ValueError, match="data is on cpu"):
         CUDAGraphStep(model, master, data, gen)
+    for generator in (None, 0, "cpu"):  # (a CUDA generator is refused too; no CUDA device here)
+        with pytest.raises(TypeError, match=r"expected a CPU torch\.Generator"):
+            CUDAGraphStep(model, master, data, generator)
     for warmup in (0, -1, 1.5):
-        with pytest.raises(ValueError, match=f"warmup={warmup}"):
+        with pytest.raises(ValueError, match=re.escape(f"warmup={warmup}")):
             CUDAGraphStep(model, master, data, gen, warmup=warmup)
