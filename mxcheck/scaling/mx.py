@@ -139,7 +139,9 @@ def mx_quantize(
         scales = per_row(scale_bytes(block_amax(xs, rows, block_size), fmt, scale_rule, zero_scale), rows)
         fused = quantize_blocks(xs, fmt, scales=scales, **kw)
         codes = fused[0] if fused is not None else _encode_blocks(xs, scales, fmt, rounding, u, block_size)
-    return MXTensor(codes=codes.movedim(-1, axis), scales=scales.movedim(-1, axis), fmt=fmt,
+    if axis != x.ndim - 1:
+        codes, scales = codes.movedim(-1, axis), scales.movedim(-1, axis)
+    return MXTensor(codes=codes, scales=scales, fmt=fmt,
                     block_size=block_size, axis=axis, shape=tuple(x.shape), scale_rule=scale_rule,
                     rounding=rounding, block_2d=block_2d, hadamard=rot, zero_scale=zero_scale)
 
@@ -164,8 +166,9 @@ def _blocked_axis_last(x: torch.Tensor, u: torch.Tensor | None, axis: int, block
                        pad_to: int | None, rot: Hadamard | None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """x (and u) with the blocked axis last and zero-padded to ``pad_to``, checked to tile
     (the caller rotates). x keeps its dtype: abs and amax are exact there, and cheaper."""
-    xs = x.movedim(axis, -1)
-    u = None if u is None else u.movedim(axis, -1)
+    last = axis == x.ndim - 1  # the usual case: no view to make
+    xs = x if last else x.movedim(axis, -1)
+    u = u if u is None or last else u.movedim(axis, -1)
     if pad_to is not None:
         xs = pad_last(xs, pad_to)
         u = None if u is None else pad_last(u, pad_to)

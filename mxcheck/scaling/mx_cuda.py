@@ -52,8 +52,10 @@ share, still takes pointers; those kernels have not been timed under torch.compi
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -168,18 +170,36 @@ def gemm_f32_where_inexact(inexact: torch.Tensor, a: tuple[torch.Tensor, torch.T
     return True
 
 
-def _rotation_args(hadamard: Hadamard | None, block_size: int) -> dict[str, Any] | None:
+# The kernels' constants are made once per format and rotation: building them per call
+# was a third of a quantize's Python (tools/h200/host_costs.py; a step quantizes ~60 times).
+# Read-only mappings, since every call shares them.
+
+@functools.cache
+def _element_args(fmt: FloatFormat) -> MappingProxyType[str, Any]:
+    """The element format's constants the quantize and FP8 encode kernels share."""
+    return MappingProxyType(dict(MBITS=fmt.mbits, EMIN=fmt.emin, FMAX=fmt.max, BITS=fmt.bits, FNUZ=fmt.nan == "fnuz",
+                                 NAN_CODE=0 if fmt.nan_code is None else fmt.nan_code))
+
+
+@functools.cache
+def _quantize_element_args(fmt: FloatFormat) -> MappingProxyType[str, Any]:
+    return MappingProxyType({**_element_args(fmt), "EMAX": fmt.emax})
+
+
+@functools.cache
+def _rotation_args(hadamard: Hadamard | None, block_size: int) -> MappingProxyType[str, Any] | None:
     """The kernels' rotation constants for a rotation they take (input and output rounding
     none or bf16; signs within a block), or None."""
     if hadamard is None:
-        return dict(H_SIZE=1, H_LOG2=0, H_NORM=1.0, H_INPUT_BF16=False, H_SIGNS=0, H_OUTPUT_BF16=False)
+        return MappingProxyType(dict(H_SIZE=1, H_LOG2=0, H_NORM=1.0, H_INPUT_BF16=False, H_SIGNS=0,
+                                     H_OUTPUT_BF16=False))
     if (hadamard.round_input_to not in (None, torch.bfloat16) or hadamard.round_output_to not in (None, torch.bfloat16)
             or hadamard.size > _QUANT_BLOCK or (hadamard.signs is not None and hadamard.size > block_size)):
         return None
     signs = sum(1 << i for i, sign in enumerate(hadamard.signs or ()) if sign < 0)
-    return dict(H_SIZE=hadamard.size, H_LOG2=hadamard.size.bit_length() - 1, H_NORM=hadamard.scale,
-                H_INPUT_BF16=hadamard.round_input_to is not None, H_SIGNS=signs,
-                H_OUTPUT_BF16=hadamard.round_output_to is not None)
+    return MappingProxyType(dict(H_SIZE=hadamard.size, H_LOG2=hadamard.size.bit_length() - 1, H_NORM=hadamard.scale,
+                                 H_INPUT_BF16=hadamard.round_input_to is not None, H_SIGNS=signs,
+                                 H_OUTPUT_BF16=hadamard.round_output_to is not None))
 
 
 def _block_layout(xs: torch.Tensor, block_size: int, block_2d: bool, h_size: int,
@@ -199,7 +219,8 @@ def _block_layout(xs: torch.Tensor, block_size: int, block_2d: bool, h_size: int
     row_fastest = block_2d or (xs.dim() == 2 and xs.stride(1) != 1)
     n_blocks = xs.numel() // block_size
     # the largest offset a program forms: into x through its strides, or into the outputs
-    extent = max(xs.numel(), 1 + sum((size - 1) * stride for size, stride in zip(xs.shape, xs.stride(), strict=True)))
+    extent = xs.numel() if xs.is_contiguous() else max(
+        xs.numel(), 1 + sum((size - 1) * stride for size, stride in zip(xs.shape, xs.stride(), strict=True)))
     args = dict(n_blocks=n_blocks, rows=rows, stride_row=xs.stride(0) if xs.dim() == 2 else xs.shape[-1],
                 stride_col=xs.stride(-1) if xs.dim() else 1, ROW_FASTEST=row_fastest, MX_BLOCK=block_size,
                 GROUPS=groups, CONTIGUOUS=not row_fastest and xs.is_contiguous(),
@@ -234,8 +255,7 @@ def quantize_blocks(xs: torch.Tensor, fmt: FloatFormat, *, block_size: int, scal
         # as written, and an input counted so is copied first), xs for the one it reads.
         kernels["quantize"][grid](
             xs, xs if u is None else u.contiguous(), out_scales, codes, codes, xs, 0.0, **args,
-            MBITS=fmt.mbits, EMIN=fmt.emin, EMAX=fmt.emax, FMAX=fmt.max, BITS=fmt.bits, FNUZ=fmt.nan == "fnuz",
-            NAN_CODE=0 if fmt.nan_code is None else fmt.nan_code, RULE=_RULES[scale_rule],
+            **_quantize_element_args(fmt), RULE=_RULES[scale_rule],
             ROUNDING=_ROUNDINGS[rounding], RAND_BITS=False, ZERO_SCALE=zero_scale, SCALES_GIVEN=scales is not None,
             TILE_ROWS=block_size if block_2d else 1, **rotation, num_warps=_QUANT_WARPS)
     return codes, out_scales
@@ -268,8 +288,7 @@ def nvfp4_quantize_blocks(x: torch.Tensor, element: FloatFormat, ue4m3_table: to
     scales = torch.empty((xs.shape[0], xs.shape[1] // _NVFP4_BLOCK), dtype=torch.uint8, device=x.device)
     kernels["quantize"][grid](
         xs, xs if rand is None else rand.contiguous(), scales, codes, global_bits, ue4m3_table, rcp_element_max,
-        **args, MBITS=element.mbits, EMIN=element.emin, EMAX=element.emax, FMAX=element.max, BITS=element.bits,
-        FNUZ=False, NAN_CODE=0 if element.nan_code is None else element.nan_code, RULE=4,
+        **args, **_quantize_element_args(element), RULE=4,
         ROUNDING=_ROUNDINGS["rne" if rand is None else "sr"], RAND_BITS=True, ZERO_SCALE=0, SCALES_GIVEN=False,
         TILE_ROWS=_NVFP4_BLOCK if block_2d else 1, **rotation, num_warps=_QUANT_WARPS)
     amax, tensor_scale = global_bits.view(torch.float32)
@@ -330,9 +349,7 @@ def scaled_encode(x: torch.Tensor, scale: torch.Tensor, fmt: FloatFormat, block_
     kernels["scaled_encode"][((n + _BLOCK - 1) // _BLOCK,)](
         x2, scale_ptr, float(scale) if on_host else 0.0, x2 if rand is None else rand.contiguous(), codes, n, k,
         stride_r, stride_c, SCALE=mode, ROWS=rows, COLS=cols, ROUNDING=0 if rand is None else 3,
-        MBITS=fmt.mbits, EMIN=fmt.emin, FMAX=fmt.max, BITS=fmt.bits,
-        FNUZ=fmt.nan == "fnuz", NAN_CODE=0 if fmt.nan_code is None else fmt.nan_code,
-        NAN_SIGNED=fmt.nan in ("ocp", "ieee"), WIDE=n + _BLOCK >= 2**31, BLOCK=_BLOCK)
+        **_element_args(fmt), NAN_SIGNED=fmt.nan in ("ocp", "ieee"), WIDE=n + _BLOCK >= 2**31, BLOCK=_BLOCK)
     return codes
 
 

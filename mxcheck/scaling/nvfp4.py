@@ -181,7 +181,9 @@ def nvfp4_quantize(
                                   hadamard=rot, rand=None if rand is None else rand.reshape(x2d.shape))
     if fused is not None:
         codes, block_scales, amax, tensor_scale = fused
-        return NVFP4Tensor(codes=codes.reshape(x.shape), block_scales=block_scales.reshape(scale_shape),
+        if x.ndim != 2:
+            codes, block_scales = codes.reshape(x.shape), block_scales.reshape(scale_shape)
+        return NVFP4Tensor(codes=codes, block_scales=block_scales,
                            tensor_scale=tensor_scale, amax=amax, block_2d=block_2d, hadamard=rot)
     # Blocks are (..., rows, cols): a 1D input is one row. x keeps its dtype (amax is exact
     # there) unless rotated; the rotation runs in float32 on row chunks, and is kept in the
