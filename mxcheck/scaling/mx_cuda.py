@@ -60,7 +60,7 @@ from typing import Any
 
 import torch
 
-from mxcheck.formats import FloatFormat
+from mxcheck.formats import FloatFormat, get_format
 from mxcheck.hadamard import Hadamard
 
 __all__ = ["dequantize_bf16", "gemm_f32_where_inexact", "nvfp4_quantize_blocks", "outer_scaled_epilogue",
@@ -74,6 +74,16 @@ _QUANT_BLOCK = 2048
 _QUANT_WARPS = 4
 # Kernel constants: the scale rules and roundings mxcheck.scaling.rules / formats define.
 _RULES = {"floor": 0, "ceil": 1, "even": 2, "rceil": 3}
+# The quantize kernel's HW_CAST experiment (OCP e4m3 / e5m2, RNE, through the hardware's
+# cvt): off until tools/h200/hw_fp8_cast_probe.py has shown the same bits on a GPU.
+_HW_FP8_CAST = False
+_HW_CAST_FORMATS = ("e4m3", "e5m2")  # Triton's float8e4nv and float8e5
+
+
+def _hw_cast(fmt: FloatFormat, rounding: str, scales_given: bool) -> bool:
+    """Whether the quantize kernel encodes with the hardware's fp8 cast (the experiment)."""
+    return (_HW_FP8_CAST and rounding == "rne" and not scales_given and not _interpreted()
+            and any(fmt == get_format(name) for name in _HW_CAST_FORMATS))
 _ROUNDINGS = {"rne": 0, "half_away": 1, "trunc": 2, "sr": 3}
 
 
@@ -257,7 +267,8 @@ def quantize_blocks(xs: torch.Tensor, fmt: FloatFormat, *, block_size: int, scal
             xs, xs if u is None else u.contiguous(), out_scales, codes, codes, xs, 0.0, **args,
             **_quantize_element_args(fmt), RULE=_RULES[scale_rule],
             ROUNDING=_ROUNDINGS[rounding], RAND_BITS=False, ZERO_SCALE=zero_scale, SCALES_GIVEN=scales is not None,
-            TILE_ROWS=block_size if block_2d else 1, **rotation, num_warps=_QUANT_WARPS)
+            TILE_ROWS=block_size if block_2d else 1, **rotation, HW_CAST=_hw_cast(fmt, rounding, scales is not None),
+            num_warps=_QUANT_WARPS)
     return codes, out_scales
 
 

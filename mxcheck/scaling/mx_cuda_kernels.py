@@ -226,7 +226,8 @@ def mx_quantize_blocks(x_ptr, u_ptr, scales_ptr, codes_ptr, global_ptr, ue4m3_pt
                        ROUNDING: tl.constexpr, RAND_BITS: tl.constexpr, ZERO_SCALE: tl.constexpr,
                        SCALES_GIVEN: tl.constexpr, H_SIZE: tl.constexpr, H_LOG2: tl.constexpr, H_NORM: tl.constexpr,
                        H_INPUT_BF16: tl.constexpr, H_SIGNS: tl.constexpr, H_OUTPUT_BF16: tl.constexpr,
-                       TILE_ROWS: tl.constexpr, CONTIGUOUS: tl.constexpr, WIDE: tl.constexpr):
+                       TILE_ROWS: tl.constexpr, CONTIGUOUS: tl.constexpr, WIDE: tl.constexpr,
+                       HW_CAST: tl.constexpr = False):
     # Codes, scales and u are contiguous in the (rows, C) output (_block_offsets). 2D tiles
     # (TILE_ROWS > 1, ROW_FASTEST) are TILE_ROWS consecutive blocks of a program, which share
     # their amax. RULE 0-3 are MX's E8M0 scale rules; RULE 4 is NVFP4: ue4m3 block scales
@@ -288,8 +289,18 @@ def mx_quantize_blocks(x_ptr, u_ptr, scales_ptr, codes_ptr, global_ptr, ue4m3_pt
     else:
         # x * 2**(127 - s), a power of two: s 255 gives NaN, and the block NaN code below
         inv_bits = tl.where(s < 254, (254 - s) << 23, tl.where(s == 254, 1 << 22, 0x7FC00000))
-        code, _ = encode_scaled(x, inv_bits.to(tl.float32, bitcast=True)[:, None], u, MBITS, EMIN, FMAX, BITS,
-                                FNUZ, ROUNDING)
+        mult = inv_bits.to(tl.float32, bitcast=True)[:, None]
+        if HW_CAST:
+            # An experiment, off (mx_cuda._HW_FP8_CAST): OCP e4m3 / e5m2 with RNE through the
+            # hardware's cvt.rn.satfinite on the value clamped to +-max, the sign kept for a
+            # zero; 387 PTX instructions a thread against 609. Not run on a GPU yet:
+            # tools/h200/hw_fp8_cast_probe.py compares its bits and times it. (Triton's
+            # interpreter does not round this cast to nearest even.)
+            a = tl.minimum(tl.abs(x * mult), FMAX)
+            a = tl.where(x.to(tl.int32, bitcast=True) < 0, -a, a)
+            code = (a.to(tl.float8e4nv) if MBITS == 3 else a.to(tl.float8e5)).to(tl.uint8, bitcast=True).to(tl.int32)
+        else:
+            code, _ = encode_scaled(x, mult, u, MBITS, EMIN, FMAX, BITS, FNUZ, ROUNDING)
         code = tl.where((s == 255)[:, None], NAN_CODE, code)
     tl.store(codes_ptr + offs, code.to(tl.uint8), mask=in_range[:, None])
 
