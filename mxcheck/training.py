@@ -156,8 +156,8 @@ class CUDAGraphStep:
     rewrites each replay.
 
     A replay runs the kernels the eager step runs, on the same draws, so a run of warmup
-    steps and replays gives the eager run's parameters bit for bit
-    (tests/test_cuda_graph_step.py); what it removes is the host's time per step (Python,
+    steps and replays gives the parameters of an eager run with the same (capturable)
+    optimizer bit for bit (tests/test_cuda_graph_step.py); what it removes is the host's time per step (Python,
     dispatch, launches), which bounds an emulated step on a fast GPU. The object holds the
     model, master copy, data and buffers the graph reads: a graph keeps only addresses, so
     freed memory under a replay is an illegal access, or another tensor's bits. The step must
