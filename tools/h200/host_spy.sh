@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the H200: py-spy over a quantized linear's loop and the flux-535m step, per recipe, once
 # warm (Triton compiled); the summaries to $OUT/host_spy.log, the raw stacks in
-# $OUT/spy_raw.tar.gz. After fused_runs.sh (or install_carried) has filled /tmp/site.
+# $OUT/spy_raw.tar.gz. After fused_runs.sh has filled /tmp/site from the carried .whl/, which
+# must hold py-spy (`pip download py-spy --only-binary=:all: --platform manylinux2014_x86_64`).
 set -uo pipefail
 export PYTHONPATH=.:/tmp/site PYTHONUNBUFFERED=1
 SPY=/tmp/site/bin/py-spy
