@@ -23,6 +23,8 @@ from mxcheck.training import (
     MasterWeights,
     TrainConfig,
     _dataset,
+    draw_t_noise,
+    flow_matching_batch,
     flow_matching_loss,
     make_model,
 )
@@ -91,3 +93,19 @@ def test_a_cuda_graph_step_refuses_cpu_data_no_warmup_and_no_cpu_generator():
     for warmup in (0, -1, 1.5):
         with pytest.raises(ValueError, match=re.escape(f"warmup={warmup}")):
             CUDAGraphStep(model, master, data, gen, warmup=warmup)
+
+
+@pytest.mark.emulated
+def test_drawn_ahead_batches_are_the_generator_s_batches():
+    """The graph's inputs come from draw_t_noise: the batch built from them is the one the
+    eager step builds from the generator, step after step (same draws, same order)."""
+    data = _dataset(TrainConfig(device="cpu"))
+    eager, ahead = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    for _ in range(3):
+        (inputs, target) = flow_matching_batch(data, eager)
+        (inputs_ahead, target_ahead) = flow_matching_batch(data, None, draws=draw_t_noise(data["x0"], ahead))
+        assert torch.equal(target, target_ahead)
+        assert inputs.keys() == inputs_ahead.keys()
+        assert all(torch.equal(inputs[k], inputs_ahead[k]) for k in inputs)
+    with pytest.raises(TypeError, match=r"expected a torch\.Generator, or pass draws"):
+        flow_matching_batch(data, None)
