@@ -16,8 +16,9 @@ AdamW state live at once (about 9 GB each for flux-535m): on a small CPU machine
 self CPU time on a CPU) of one step per recipe: where the step's extra time goes.
 ``--cuda-graph`` captures every step (bf16's too) as a CUDA graph
 (``mxcheck.training.CUDAGraphStep``) and replays it: the host's Python, dispatch and
-launches leave the step, so the ratio is the device's arithmetic alone; the eager ratio is
-what a user running the emulation without graphs sees.
+launches leave the step (what stays is drawing t and noise on the CPU and copying them), so
+the ratio is the device's arithmetic; the eager ratio is what a user running the emulation
+without graphs sees.
 ``--compile-quantizers`` is an experiment, not a supported mode: it wraps the quantizers
 the emulated GEMMs call in ``torch.compile`` (one graph per shape) to measure what fusing
 their elementwise passes would give, and reports whether the first step's loss and every

@@ -74,6 +74,7 @@ _QUANT_BLOCK = 2048
 _QUANT_WARPS = 4
 # Kernel constants: the scale rules and roundings mxcheck.scaling.rules / formats define.
 _RULES = {"floor": 0, "ceil": 1, "even": 2, "rceil": 3}
+_ROUNDINGS = {"rne": 0, "half_away": 1, "trunc": 2, "sr": 3}
 # The quantize kernel's HW_CAST experiment (OCP e4m3 / e5m2, RNE, through the hardware's
 # cvt): off until tools/h200/hw_fp8_cast_probe.py has shown the same bits on a GPU.
 _HW_FP8_CAST = False
@@ -84,7 +85,6 @@ def _hw_cast(fmt: FloatFormat, rounding: str, scales_given: bool) -> bool:
     """Whether the quantize kernel encodes with the hardware's fp8 cast (the experiment)."""
     return (_HW_FP8_CAST and rounding == "rne" and not scales_given and not _interpreted()
             and any(fmt == get_format(name) for name in _HW_CAST_FORMATS))
-_ROUNDINGS = {"rne": 0, "half_away": 1, "trunc": 2, "sr": 3}
 
 
 def _interpreted() -> bool:
@@ -180,8 +180,8 @@ def gemm_f32_where_inexact(inexact: torch.Tensor, a: tuple[torch.Tensor, torch.T
     return True
 
 
-# The kernels' constants are made once per format and rotation: building them per call
-# was a third of a quantize's Python (tools/h200/host_costs.py; a step quantizes ~60 times).
+# The kernels' constants are made once per format and rotation, not per call (a step
+# quantizes ~60 times; tools/wrapper_costs.py times a quantize's Python without its launch).
 # Read-only mappings, since every call shares them.
 
 @functools.cache

@@ -293,7 +293,7 @@ def mx_quantize_blocks(x_ptr, u_ptr, scales_ptr, codes_ptr, global_ptr, ue4m3_pt
         if HW_CAST:
             # An experiment, off (mx_cuda._HW_FP8_CAST): OCP e4m3 / e5m2 with RNE through the
             # hardware's cvt.rn.satfinite on the value clamped to +-max, the sign kept for a
-            # zero; 387 PTX instructions a thread against 609. Not run on a GPU yet:
+            # zero; e4m3 rceil: 387 PTX instructions a thread against 609 (tools/kernel_ptx.py). Not run on a GPU yet:
             # tools/h200/hw_fp8_cast_probe.py compares its bits and times it. (Triton's
             # interpreter does not round this cast to nearest even.)
             a = tl.minimum(tl.abs(x * mult), FMAX)

@@ -43,6 +43,7 @@ def inputs() -> dict[str, torch.Tensor]:
 
 
 def quantize(x: torch.Tensor, fmt: str, rule: str, hw: bool, fused: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    saved = os.environ.get("MXCHECK_FUSED_MX")
     mx_cuda._HW_FP8_CAST = hw
     os.environ["MXCHECK_FUSED_MX"] = "1" if fused else "0"
     try:
@@ -50,7 +51,10 @@ def quantize(x: torch.Tensor, fmt: str, rule: str, hw: bool, fused: bool = True)
         return q.codes, q.scales
     finally:
         mx_cuda._HW_FP8_CAST = False
-        os.environ["MXCHECK_FUSED_MX"] = "1"
+        if saved is None:
+            os.environ.pop("MXCHECK_FUSED_MX")
+        else:
+            os.environ["MXCHECK_FUSED_MX"] = saved
 
 
 def main() -> None:
