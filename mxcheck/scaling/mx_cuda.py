@@ -75,14 +75,17 @@ _QUANT_WARPS = 4
 # Kernel constants: the scale rules and roundings mxcheck.scaling.rules / formats define.
 _RULES = {"floor": 0, "ceil": 1, "even": 2, "rceil": 3}
 _ROUNDINGS = {"rne": 0, "half_away": 1, "trunc": 2, "sr": 3}
-# The quantize kernel's HW_CAST experiment (OCP e4m3 / e5m2, RNE, through the hardware's
-# cvt): off until tools/h200/hw_fp8_cast_probe.py has shown the same bits on a GPU.
-_HW_FP8_CAST = False
+# The kernels encode OCP e4m3 / e5m2 under RNE with the hardware's fp8 cast (encode_scaled's
+# HW_CAST; tools/h200/hw_fp8_cast_probe.py and the cuda tests show the same bits on an H200).
+# False: the software encode everywhere (an A/B switch for the probe).
+_HW_FP8_CAST = True
 _HW_CAST_FORMATS = ("e4m3", "e5m2")  # Triton's float8e4nv and float8e5
 
 
-def _hw_cast(fmt: FloatFormat, rounding: str, scales_given: bool) -> bool:
-    """Whether the quantize kernel encodes with the hardware's fp8 cast (the experiment)."""
+def _hw_cast(fmt: FloatFormat, rounding: str, scales_given: bool = False) -> bool:
+    """Whether a kernel encodes fmt with the hardware's fp8 cast: not under the interpreter
+    (its cast does not round to nearest even), and not with given MX scales (only the
+    interpreter tests cover those)."""
     return (_HW_FP8_CAST and rounding == "rne" and not scales_given and not _interpreted()
             and any(fmt == get_format(name) for name in _HW_CAST_FORMATS))
 
@@ -360,7 +363,8 @@ def scaled_encode(x: torch.Tensor, scale: torch.Tensor, fmt: FloatFormat, block_
     kernels["scaled_encode"][((n + _BLOCK - 1) // _BLOCK,)](
         x2, scale_ptr, float(scale) if on_host else 0.0, x2 if rand is None else rand.contiguous(), codes, n, k,
         stride_r, stride_c, SCALE=mode, ROWS=rows, COLS=cols, ROUNDING=0 if rand is None else 3,
-        **_element_args(fmt), NAN_SIGNED=fmt.nan in ("ocp", "ieee"), WIDE=n + _BLOCK >= 2**31, BLOCK=_BLOCK)
+        **_element_args(fmt), NAN_SIGNED=fmt.nan in ("ocp", "ieee"), WIDE=n + _BLOCK >= 2**31, BLOCK=_BLOCK,
+        HW_CAST=_hw_cast(fmt, "rne" if rand is None else "sr"))
     return codes
 
 

@@ -10,15 +10,32 @@ import triton.language as tl
 
 @triton.jit
 def encode_scaled(x, mult, u, MBITS: tl.constexpr, EMIN: tl.constexpr, FMAX: tl.constexpr,
-                  BITS: tl.constexpr, FNUZ: tl.constexpr, ROUNDING: tl.constexpr):
+                  BITS: tl.constexpr, FNUZ: tl.constexpr, ROUNDING: tl.constexpr, HW_CAST: tl.constexpr = False):
     """(codes as int32, x * mult is NaN) for float32 x and mult >= 0, as
     formats.encode_bits_float with saturation: x * mult (one rounded float32 multiply),
     |.| clamped to max (Inf -> max), divided by its quantum (a power-of-two multiply),
     rounded to an integer significand r; the code is ((E - emin) << mbits) + r with x's
     sign (none on an fnuz zero). Every step is exact but the first multiply. A NaN's
-    code is the caller's to set. u: the uniforms of SR (ROUNDING 3), unused otherwise."""
+    code is the caller's to set. u: the uniforms of SR (ROUNDING 3), unused otherwise.
+    HW_CAST (OCP e4m3 / e5m2 under RNE only: mx_cuda._hw_cast): the same codes from the
+    hardware's cvt.rn.satfinite on x * mult clamped to +-max."""
     a = x * mult
     is_nan = a != a
+    if HW_CAST:
+        # A max then a min keep a -0 (a first version negated |a| as Triton negates, 0 - |a|,
+        # and made -0 +0: tools/h200/hw_fp8_cast_probe.py found it on the H200). A NaN
+        # becomes a bound here; its code is the caller's.
+        a = tl.minimum(tl.maximum(a, -FMAX), FMAX)
+        code = (a.to(tl.float8e4nv) if MBITS == 3 else a.to(tl.float8e5)).to(tl.uint8, bitcast=True).to(tl.int32)
+    else:
+        code = _encode_bits(x, a, u, MBITS, EMIN, FMAX, BITS, FNUZ, ROUNDING)
+    return code, is_nan
+
+
+@triton.jit
+def _encode_bits(x, a, u, MBITS: tl.constexpr, EMIN: tl.constexpr, FMAX: tl.constexpr, BITS: tl.constexpr,
+                 FNUZ: tl.constexpr, ROUNDING: tl.constexpr):
+    """encode_scaled's software encode of a = x * mult, with x's sign."""
     negative = x.to(tl.int32, bitcast=True) < 0  # mult >= 0: the product's sign but for NaN
     a = tl.minimum(tl.abs(a), FMAX)
     field = tl.maximum(a.to(tl.int32, bitcast=True) >> 23, EMIN + 127)  # E + 127, a >= 0
@@ -37,7 +54,7 @@ def encode_scaled(x, mult, u, MBITS: tl.constexpr, EMIN: tl.constexpr, FMAX: tl.
     sign = negative.to(tl.int32) << (BITS - 1)
     if FNUZ:  # no negative zero
         sign = tl.where(mag != 0, sign, 0)
-    return mag | sign, is_nan
+    return mag | sign
 
 
 @triton.jit
@@ -290,17 +307,7 @@ def mx_quantize_blocks(x_ptr, u_ptr, scales_ptr, codes_ptr, global_ptr, ue4m3_pt
         # x * 2**(127 - s), a power of two: s 255 gives NaN, and the block NaN code below
         inv_bits = tl.where(s < 254, (254 - s) << 23, tl.where(s == 254, 1 << 22, 0x7FC00000))
         mult = inv_bits.to(tl.float32, bitcast=True)[:, None]
-        if HW_CAST:
-            # An experiment, off (mx_cuda._HW_FP8_CAST): OCP e4m3 / e5m2 with RNE through the
-            # hardware's cvt.rn.satfinite on the value clamped to +-max, the sign kept for a
-            # zero; e4m3 rceil: 387 PTX instructions a thread against 609 (tools/kernel_ptx.py). Not run on a GPU yet:
-            # tools/h200/hw_fp8_cast_probe.py compares its bits and times it. (Triton's
-            # interpreter does not round this cast to nearest even.)
-            a = tl.minimum(tl.abs(x * mult), FMAX)
-            a = tl.where(x.to(tl.int32, bitcast=True) < 0, -a, a)
-            code = (a.to(tl.float8e4nv) if MBITS == 3 else a.to(tl.float8e5)).to(tl.uint8, bitcast=True).to(tl.int32)
-        else:
-            code, _ = encode_scaled(x, mult, u, MBITS, EMIN, FMAX, BITS, FNUZ, ROUNDING)
+        code, _ = encode_scaled(x, mult, u, MBITS, EMIN, FMAX, BITS, FNUZ, ROUNDING, HW_CAST)
         code = tl.where((s == 255)[:, None], NAN_CODE, code)
     tl.store(codes_ptr + offs, code.to(tl.uint8), mask=in_range[:, None])
 
@@ -321,7 +328,7 @@ def fp8_scaled_encode(x_ptr, scale_ptr, scale_value, rand_ptr, codes_ptr, n, k, 
                       SCALE: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr, ROUNDING: tl.constexpr,
                       MBITS: tl.constexpr, EMIN: tl.constexpr, FMAX: tl.constexpr, BITS: tl.constexpr,
                       FNUZ: tl.constexpr, NAN_CODE: tl.constexpr, NAN_SIGNED: tl.constexpr,
-                      WIDE: tl.constexpr, BLOCK: tl.constexpr):
+                      WIDE: tl.constexpr, BLOCK: tl.constexpr, HW_CAST: tl.constexpr = False):
     # x is (n / k, k), contiguous. SCALE: 0 the value scale_value (a scale held on the host),
     # 1 the one float32 at scale_ptr, 2 the scale of (row // ROWS, col // COLS) at those
     # strides (0 along a dimension one scale spans). Offsets are int64 only where n needs
@@ -341,7 +348,7 @@ def fp8_scaled_encode(x_ptr, scale_ptr, scale_value, rand_ptr, codes_ptr, n, k, 
         u = tl.load(rand_ptr + offs, mask=mask, other=0).to(tl.float64) * (1.0 / 256)
     else:
         u = 0.0
-    code, is_nan = encode_scaled(x, scale, u, MBITS, EMIN, FMAX, BITS, FNUZ, ROUNDING)
+    code, is_nan = encode_scaled(x, scale, u, MBITS, EMIN, FMAX, BITS, FNUZ, ROUNDING, HW_CAST)
     if NAN_SIGNED:
         # A NaN x keeps its sign, read from its own bits (as formats.encode; a widening
         # may drop it). A NaN the multiply makes (Inf * 0) is negative, as the torch path's
