@@ -266,3 +266,24 @@ def test_the_fused_switch_takes_0_and_1_and_defaults_to_on(value, enabled, monke
     else:
         monkeypatch.setenv("MXCHECK_FUSED_MX", value)
     assert mx_cuda.fused_enabled() is enabled
+
+
+# The hardware's fp8 cast (encode_scaled's HW_CAST) rounds to nearest even and knows only the
+# OCP e4m3 / e5m2 encodings; everything else must keep the software encode. The cuda tests
+# above check its bits; this checks that it is taken where it should be (a silent switch-off
+# would leave the bits right and the speed gone) and nowhere else.
+HW_CAST_CASES = [("e4m3", "rne", False, True), ("e5m2", "rne", False, True), ("e4m3", "sr", False, False),
+                 ("e5m2", "half_away", False, False), ("e4m3", "trunc", False, False),
+                 ("e4m3fnuz", "rne", False, False), ("e5m2fnuz", "rne", False, False), ("e2m1", "rne", False, False),
+                 ("e2m3", "rne", False, False), ("e3m2", "rne", False, False), ("e4m3", "rne", True, False)]
+
+
+@pytest.mark.emulated
+@pytest.mark.parametrize(("fmt", "rounding", "scales_given", "taken"), HW_CAST_CASES)
+def test_the_hardware_fp8_cast_is_taken_for_ocp_e4m3_and_e5m2_under_rne_only(fmt, rounding, scales_given, taken,
+                                                                              monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert mx_cuda._hw_cast(get_format(fmt), rounding, scales_given) is taken
+    # Triton's interpreter does not round its fp8 cast to nearest even
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert mx_cuda._hw_cast(get_format(fmt), rounding, scales_given) is False
