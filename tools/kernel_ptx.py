@@ -57,7 +57,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("fmt")
     p.add_argument("rule", choices=sorted(mx_cuda._RULES))
-    p.add_argument("--hw-cast", action="store_true", help="the HW_CAST experiment (e4m3 and e5m2 only)")
+    p.add_argument("--hw-cast", action="store_true", help="the hardware fp8 cast (e4m3 and e5m2 only; the kernels take it on a GPU)")
     p.add_argument("--warps", type=int, default=mx_cuda._QUANT_WARPS)
     p.add_argument("--out", help="write the PTX here")
     args = p.parse_args()
