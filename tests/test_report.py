@@ -11,6 +11,7 @@ difference below is known: fwd img_mlp.0 18.75 -> 18.25 dB, wgrad img_mlp.0 10.5
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import math
 import random
@@ -38,7 +39,7 @@ from mxcheck.report import (
 from mxcheck.report.compare import match_key, snr_drop_db
 from mxcheck.report.environment import device_info, git_info, package_versions
 from mxcheck.report.html import snr_figure
-from mxcheck.report.markdown import group_rows
+from mxcheck.report.markdown import group_rows, worst
 
 pytestmark = pytest.mark.emulated
 
@@ -534,6 +535,16 @@ def many_records(n_pass: int, n_fail: int) -> Report:
 def shown_layers(text: str) -> list[str]:
     return [line[2:].split("<br>")[0] for line in text.splitlines()
             if line.startswith("| ") and "<br>" in line]
+
+
+def test_worst_is_the_smallest_margin_then_the_first_layer_whatever_the_order() -> None:
+    tied = [snr_record(snr, layer=layer) for snr, layer in
+            [(12.0, "b"), (11.0, "d"), (11.0, "c"), (11.0, "e"), (None, "a"), (30.0, "a")]]
+    for order in itertools.permutations(tied):
+        assert (worst(list(order)).layer, worst(list(order)).snr_db) == ("c", 11.0)
+    nan = snr_record(math.nan, passed=False, layer="z")
+    assert worst([*tied, nan]) is nan  # a NaN margin is the worst of all
+    assert worst([snr_record(None)]) is None
 
 
 def test_a_long_report_is_cut_to_max_chars_keeping_failures_and_smallest_margins() -> None:
