@@ -42,6 +42,7 @@ from mxcheck.formats import (
 )
 from mxcheck.hadamard import Hadamard, apply_hadamard, check_length, get_hadamard
 from mxcheck.scaling.blocks import block_amax, by_row_chunks, check_tiles, per_row
+from mxcheck.scaling.fp8 import _host_float32 as _f32  # one cached 0-dim tensor per constant
 from mxcheck.scaling.mx_cuda import dequantize_bf16, nvfp4_quantize_blocks, scaled_encode
 
 __all__ = ["NVFP4_BLOCK", "NVFP4Tensor", "nvfp4_quantize"]
@@ -51,10 +52,6 @@ _E2M1 = FORMATS["e2m1"]
 _UE4M3 = FORMATS["ue4m3"]
 _E4M3 = FORMATS["e4m3"]
 _FLT_MAX = torch.finfo(torch.float32).max
-
-
-def _f32(v: float) -> torch.Tensor:
-    return torch.tensor(v, dtype=torch.float32)
 
 
 def _ue4m3_values(device: torch.device) -> torch.Tensor:
