@@ -12,33 +12,25 @@ import importlib
 import warnings
 from collections.abc import Callable
 from importlib import metadata
-from typing import Any, Protocol, runtime_checkable
 
+from mxcheck.backends.contract import Backend, MissingDependency, Refusal, version_problem
 from mxcheck.backends.emulated import EmulatedBackend
 
 __all__ = [
     "ENTRY_POINT_GROUP",
     "Backend",
     "BackendLoadError",
+    "MissingDependency",
+    "Refusal",
     "available_backends",
     "get",
     "import_vendor",
     "register",
     "registered",
+    "version_problem",
 ]
 
 ENTRY_POINT_GROUP = "mxcheck.backends"
-
-
-@runtime_checkable
-class Backend(Protocol):
-    """What the harness needs of a backend; quantize/gemm/linear are optional per backend."""
-
-    name: str
-
-    def available(self) -> tuple[bool, str]: ...  # (usable here?, reason if not)
-
-    def supports(self, recipe: Any) -> tuple[bool, str]: ...
 
 
 class BackendLoadError(ValueError):

@@ -1,0 +1,114 @@
+"""What a backend is: the methods the conformance suite calls, what they return, and what
+each exception means. ``mxcheck.backends.Backend`` is this Protocol.
+
+Outcomes a backend can cause, and how the suite counts them:
+
+=================  ===========================================================  ===========
+outcome            how the backend says it                                      counted as
+=================  ===========================================================  ===========
+not supported      ``supports(recipe)`` returns ``(False, why)``                skipped
+not runnable here  ``available()`` returns ``(False, why)``                     skipped (*)
+refused            a method raises :class:`Refusal` (a shape, dtype, feature)   skipped
+failed             any other exception, or bits / SNR outside the contract      failed
+=================  ===========================================================  ===========
+
+(*) Where ``why`` is a :class:`MissingDependency` (a package absent, too old or too new),
+``--mxcheck-require-deps`` fails instead of skipping.
+"""
+
+from __future__ import annotations
+
+import re
+from importlib import metadata
+from typing import Any, Protocol, runtime_checkable
+
+__all__ = ["Backend", "MissingDependency", "Refusal", "version_problem"]
+
+
+class Refusal(ValueError):
+    """Raised by ``quantize``, ``gemm`` or ``linear`` for an input the backend declares it
+    cannot take (a shape that does not tile, an input dtype, a feature such as 2D blocks),
+    with the reason as its message. The suite records it as *refused*, never as a pass.
+
+    Any other exception from a backend method, on a recipe ``supports()`` accepted, is a
+    failure: a ``ValueError`` raised by a kernel's own argument check is a bug to report,
+    not a refusal."""
+
+
+class MissingDependency(str):
+    """An ``available()`` reason naming a package that is absent, too old or too new.
+
+    A ``str`` (it prints as the reason) that also carries ``package``, ``needed`` (a
+    requirement such as ``">=0.14"``) and ``found`` (the installed version, or None). Under
+    ``--mxcheck-require-deps`` the plugin fails the backend's tests instead of skipping them.
+    """
+
+    package: str
+    needed: str
+    found: str | None
+
+    def __new__(cls, package: str, needed: str = "", found: str | None = None, detail: str = "") -> MissingDependency:
+        if found is None:
+            text = f"needs {package}{needed} (not installed)"
+        else:
+            text = f"needs {package}{needed} (found {found})"
+        self = super().__new__(cls, f"{text}: {detail}" if detail else text)
+        self.package, self.needed, self.found = package, needed, found
+        return self
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """The numeric release of a version string: "0.14.1+cu126" -> (0, 14, 1)."""
+    m = re.match(r"\d+(?:\.\d+)*", version)
+    if m is None:
+        raise ValueError(f"version={version!r}: expected a release such as '0.14' or '0.18.0'")
+    return tuple(int(p) for p in m.group().split("."))
+
+
+def version_problem(package: str, minimum: str | None = None, *, below: str | None = None) -> MissingDependency | None:
+    """None when ``package`` (a distribution name) is installed at ``minimum <= v < below``,
+    else a :class:`MissingDependency` saying which version is needed and which was found."""
+    needed = ",".join(p for p in (minimum and f">={minimum}", below and f"<{below}") if p)
+    try:
+        found = metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return MissingDependency(package, needed, None)
+    v = _release(found)
+    if (minimum and v < _release(minimum)) or (below and v >= _release(below)):
+        return MissingDependency(package, needed, found)
+    return None
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """The thing under test. Only ``name``, ``available`` and ``supports`` are required; a
+    backend offers any of ``quantize``, ``gemm`` and ``linear``, and the checks that need a
+    method it lacks are skipped with that reason. Optional attributes:
+
+    ``claims``
+        What the backend claims to compute bit for bit: recipe names (``"ocp-mxfp8-e4m3"``),
+        ``"RECIPE@PROFILE"`` (a recipe pinned to a profile's quirks), paths of recipe files
+        or ``Recipe`` objects. Conformance runs every check on every claim
+        (``--mxcheck-recipe`` overrides). Without it, every built-in recipe that
+        ``supports`` accepts is run.
+    ``device``
+        Where the suite puts inputs (``"cpu"`` when absent).
+    ``input_dtypes``
+        Input dtypes ``quantize`` accepts (default float32, bfloat16, float16); each is fed.
+    ``gemm_out_dtypes``
+        Output dtypes ``gemm`` writes (default float32 only).
+    ``sr_bits``
+        ``"oracle"`` if stochastic rounding takes its random bits from
+        ``torch``'s default generator as the reference Function does (then SR results are
+        compared bit for bit); ``"own"`` (the default) judges SR statistically.
+    """
+
+    name: str
+
+    def available(self) -> tuple[bool, str]:
+        """(usable here?, why not). A :class:`MissingDependency` reason names a package."""
+        ...
+
+    def supports(self, recipe: Any) -> tuple[bool, str]:
+        """(does the backend compute this ``mxcheck.recipes.Recipe``?, why not)."""
+        ...
