@@ -21,6 +21,7 @@ import torch
 
 from mxcheck import backends as backend_registry
 from mxcheck import hardware
+from mxcheck.backends.contract import MissingDependency
 from mxcheck.cli import add_max_drop_option
 from mxcheck.deps import REQUIRE_DEPS_ENV, export_require_deps, needs
 from mxcheck.report import (
@@ -32,11 +33,22 @@ from mxcheck.report import (
     format_comparison,
 )
 
-__all__ = ["COLLECTOR", "RECORD_KEY", "REQUIRE_DEPS_ENV", "WITNESS_DRIFT", "Collector", "add_options", "needs"]
+__all__ = ["COLLECTOR", "RECORD_KEY", "REQUIRE_DEPS_ENV", "SKIP_KINDS", "WITNESS_DRIFT", "Collector", "add_options",
+           "needs", "skip_as"]
 
 COLLECTOR = pytest.StashKey["Collector"]()
 RECORD_KEY = "mxcheck_record"
 PARAMS_KEY = "mxcheck_params"  # [backend, recipe] of a parametrized test
+SKIP_KIND_KEY = "mxcheck_skip_kind"  # why a test skipped, as one of SKIP_KINDS
+# A skip's kind -> how the summary names it. A skip without a kind (a marker's, a missing
+# test dependency's) is "other". Only "unsupported" and "refused" are the backend's word.
+SKIP_KINDS = {
+    "unsupported": "not supported by the backend",  # supports(recipe) said no
+    "unavailable": "not runnable here",  # available() said no, or a hardware marker
+    "refused": "refused (declared)",  # a method raised mxcheck.backends.Refusal
+    "not_applicable": "not applicable",  # the check needs a method or feature the backend lacks
+    "other": "other skips",
+}
 SEEDED_FIXTURES = frozenset({"mxcheck_generator", "mxcheck_seed"})
 # An xfail whose reason starts so is a witness library (ml_dtypes, torch, gfloat, torchao)
 # newer than the versions a test pinned, answering differently: counted in the report.
@@ -87,6 +99,13 @@ def _add_seeded_only_option(addoption: Callable[..., Any]) -> None:
                    "or mxcheck_seed fixture): the set a seed sweep varies. Default: %(default)r")
 
 
+def _add_recipe_option(addoption: Callable[..., Any]) -> None:
+    addoption("--mxcheck-recipe", action="append", default=[], metavar="NAME|FILE",
+              help="what conformance judges every selected backend on, repeatable: a built-in recipe "
+                   "(ocp-mxfp8-e4m3, mxfp8, ...), RECIPE@PROFILE, or a recipe file (.yaml/.toml). "
+                   "Default: the backend's own claims, else every built-in recipe it supports")
+
+
 def _add_require_deps_option(addoption: Callable[..., Any]) -> None:
     # pytest-only (not in add_options, which `mxcheck compare` reuses): it acts on collection.
     addoption("--mxcheck-require-deps", action="store_true",
@@ -101,6 +120,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     add_options(group.addoption)
     _add_require_deps_option(group.addoption)
     _add_seeded_only_option(group.addoption)
+    _add_recipe_option(group.addoption)
 
 
 # ------------------------------------------------------------------ configure
@@ -120,9 +140,10 @@ def pytest_configure(config: pytest.Config) -> None:
 class Collector:
     """Holds the run's backends, records and skips; writes and compares the report."""
 
-    def __init__(self, config: pytest.Config, backends: list[Any]) -> None:
+    def __init__(self, config: pytest.Config, backends: list[Any], recipes: list[Any] | None = None) -> None:
         self.config = config
         self.backends = backends
+        self.recipes = recipes or []  # from --mxcheck-recipe: claims for every backend
         self.records: list[Record] = []
         self.skipped: list[dict[str, str]] = []
         self.witness_drifts: list[dict[str, str]] = []
@@ -138,7 +159,15 @@ class Collector:
                 loaded.append(backend_registry.get(name))
             except backend_registry.BackendLoadError as e:
                 raise pytest.UsageError(f"--mxcheck-backend: {e}") from e
-        collector = cls(config, loaded)
+        from mxcheck.recipe_files import resolve_recipe  # noqa: PLC0415  (recipes load torch's stack)
+
+        recipes = []
+        for claim in config.getoption("mxcheck_recipe"):
+            try:
+                recipes.append(resolve_recipe(claim))
+            except ValueError as e:
+                raise pytest.UsageError(f"--mxcheck-recipe {claim}: {e}") from e
+        collector = cls(config, loaded, recipes)
         if not collector.is_worker:  # the controller alone writes and compares
             _check_report_path(config.getoption("mxcheck_report"))
             collector.baseline = _load_baseline(config.getoption("mxcheck_baseline"))
@@ -151,7 +180,12 @@ class Collector:
     # ---- selection and skips
 
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
-        if "backend" in metafunc.fixturenames:
+        if "claim" in metafunc.fixturenames:  # the conformance suite: each backend x what it claims
+            from mxcheck.conformance.claims import claims_of  # noqa: PLC0415
+
+            pairs = [(b, c) for b in self.backends for c in claims_of(b, self.recipes)]
+            metafunc.parametrize(("backend", "claim"), pairs, ids=[f"{b.name}-{c.recipe.name}" for b, c in pairs])
+        elif "backend" in metafunc.fixturenames:
             metafunc.parametrize("backend", self.backends, ids=[b.name for b in self.backends])
 
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -159,13 +193,18 @@ class Collector:
         hw = hardware.detect()
         for item in items:
             params = getattr(getattr(item, "callspec", None), "params", {})
-            backend, recipe = params.get("backend"), params.get("recipe")
+            backend = params.get("backend")
+            recipe = params["claim"].recipe if "claim" in params else params.get("recipe")
             # What a failed test without records is filed under in the report; carried on the
             # report itself, so an xdist controller (which collects nothing) sees it too.
             item.user_properties.append((PARAMS_KEY, [getattr(backend, "name", None) or "n/a",
                                                       str(getattr(recipe, "name", recipe) if recipe else "n/a")]))
             reason = self._why_not_here(item, hw)
-            if reason:
+            if isinstance(reason, MissingDependency) and config.getoption("mxcheck_require_deps"):
+                _fail_instead(item, f"{reason}; --mxcheck-require-deps: a selected backend's dependency "
+                                    "must be installed at a version it supports")
+            elif reason:
+                item.user_properties.append((SKIP_KIND_KEY, "unavailable"))
                 item.add_marker(pytest.mark.skip(reason=reason))
         if config.getoption("mxcheck_seeded_only"):
             # Only these change with --mxcheck-seed: the flake hunt (tools/seed_sweep.sh) runs them.
@@ -203,7 +242,8 @@ class Collector:
                                    passed=False, message=_crash_message(report)))
             self.records += recs
         if report.skipped and not hasattr(report, "wasxfail"):
-            self.skipped.append({"test_id": report.nodeid, "reason": _skip_reason(report)})
+            kind = next((v for k, v in report.user_properties if k == SKIP_KIND_KEY), "other")
+            self.skipped.append({"test_id": report.nodeid, "reason": _skip_reason(report), "kind": kind})
         if str(getattr(report, "wasxfail", "")).startswith(WITNESS_DRIFT):
             self.witness_drifts.append({"test_id": report.nodeid, "reason": report.wasxfail})
 
@@ -211,7 +251,7 @@ class Collector:
         # A module skipped at import (a missing package) has no test reports: list it too.
         # Under xdist the controller gets each such skip once (xdist drops the other workers').
         if report.skipped:
-            self.skipped.append({"test_id": report.nodeid, "reason": _skip_reason(report)})
+            self.skipped.append({"test_id": report.nodeid, "reason": _skip_reason(report), "kind": "other"})
 
     def report(self) -> Report:
         seed = self.config.getoption("mxcheck_seed")
@@ -242,8 +282,9 @@ class Collector:
         tr = terminalreporter
         tr.section("mxcheck")
         tr.write_line(f"{len(self.records)} numeric checks, {failed} failed, "
-                      f"{len(self.skipped)} tests skipped on this hardware, "
                       f"{len(self.witness_drifts)} witness drifts")
+        if self.skipped:
+            tr.write_line(f"{len(self.skipped)} tests skipped: {skip_summary(self.skipped)}")
         for d in sorted(self.witness_drifts, key=lambda d: d["test_id"]):
             tr.write_line(f"{d['test_id']}: {d['reason']}")
         if missing:
@@ -252,6 +293,31 @@ class Collector:
             tr.write_line(f"report: {self.config.getoption('mxcheck_report')}")
         if self.comparison_text:
             tr.write_line(self.comparison_text)
+
+
+def skip_summary(skipped: Iterable[dict[str, str]]) -> str:
+    """'3 not supported by the backend, 2 refused (declared)': the skips counted by kind."""
+    counts: dict[str, int] = {}
+    for s in skipped:
+        kind = s.get("kind", "other")
+        counts[kind] = counts.get(kind, 0) + 1
+    return ", ".join(f"{counts[k]} {text}" for k, text in SKIP_KINDS.items() if counts.get(k))
+
+
+def skip_as(node: pytest.Item, kind: str, reason: str) -> None:
+    """Skip the running test as ``kind`` (one of SKIP_KINDS), so the summary counts it apart."""
+    if kind not in SKIP_KINDS:
+        raise ValueError(f"kind={kind!r}; expected one of {list(SKIP_KINDS)}")
+    node.user_properties.append((SKIP_KIND_KEY, kind))
+    pytest.skip(reason)
+
+
+def _fail_instead(item: pytest.Item, reason: str) -> None:
+    """Make ``item`` fail with ``reason`` when run (instead of skipping it)."""
+    def runtest() -> None:
+        pytest.fail(reason, pytrace=False)
+
+    item.runtest = runtest  # type: ignore[method-assign]
 
 
 def _check_report_path(path: str | None) -> None:

@@ -15,6 +15,7 @@ Every spec quantizes along its operand's contraction axis (the last axis of the 
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -25,7 +26,7 @@ from mxcheck.scaling.fp8 import FP8_FORMATS, FP8_GRANULARITIES, SCALE_FORMULAS
 from mxcheck.scaling.mx import MX_ELEMENT_FORMATS
 from mxcheck.scaling.rules import SCALE_RULES
 
-__all__ = ["DERIVED_RECIPES", "GEMMS", "GEMM_DIRECTIONS", "LINEAR_DIRECTIONS", "OPERANDS", "RECIPES", "SCALINGS", "OperandSpec", "Recipe", "get_recipe"]
+__all__ = ["DERIVED_RECIPES", "GEMMS", "GEMM_DIRECTIONS", "LINEAR_DIRECTIONS", "OCP_MX_RECIPES", "OPERANDS", "RECIPES", "SCALINGS", "OperandSpec", "Recipe", "get_recipe"]
 
 OPERANDS = ("x_row", "w_row", "g_row", "w_col", "g_col", "x_col")
 # gemm -> (a operand, b operand, name of the contraction dim)
@@ -178,6 +179,16 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
 )}
 
 
+# OCP MX v1.0 (the standard every MX library claims): floor rule, RNE, saturating, 1x32 blocks
+# along the contraction axis on all six operand copies, no rotation, all-zero block byte 0.
+OCP_MX_RECIPES: dict[str, Recipe] = {r.name: r for r in (
+    Recipe(name, **_all(OperandSpec(fmt, "mx")),
+           source="OCP Microscaling Formats (MX) v1.0, section 6.3: X = 2^(floor(log2(amax)) - emax_elem)",
+           notes=(f"{fmt} elements, E8M0 scales, 1x32 blocks along the contraction axis everywhere",))
+    for name, fmt in (("ocp-mxfp4", "e2m1"), ("ocp-mxfp6-e2m3", "e2m3"), ("ocp-mxfp6-e3m2", "e3m2"),
+                      ("ocp-mxfp8-e4m3", "e4m3"), ("ocp-mxfp8-e5m2", "e5m2")))}
+
+
 def _takes_gradient_sr(recipe: Recipe) -> bool:
     """Both gradient copies are MX or NVFP4 (the scalings with an SR path) and not SR already."""
     return all(recipe.spec(op).scaling in ("mx", "nvfp4") and recipe.spec(op).rounding != "sr"
@@ -190,12 +201,14 @@ DERIVED_RECIPES: dict[str, Recipe] = {r.name: r for r in (
 
 
 def get_recipe(recipe: str | Recipe) -> Recipe:
-    """A recipe by name: one of RECIPES or of DERIVED_RECIPES (``mxfp4+sr``, ...)."""
+    """A recipe by name: one of RECIPES, DERIVED_RECIPES (``mxfp4+sr``, ...) or OCP_MX_RECIPES."""
     if isinstance(recipe, Recipe):
         return recipe
-    if isinstance(recipe, str) and recipe in DERIVED_RECIPES:
-        return DERIVED_RECIPES[recipe]
-    if recipe not in RECIPES:
-        raise ValueError(f"recipe={recipe!r} is not known; expected one of {sorted(RECIPES)} or "
-                         f"{sorted(DERIVED_RECIPES)}")
-    return RECIPES[recipe]
+    for table in (RECIPES, DERIVED_RECIPES, OCP_MX_RECIPES):
+        if isinstance(recipe, str) and recipe in table:
+            return table[recipe]
+    known = [*RECIPES, *DERIVED_RECIPES, *OCP_MX_RECIPES]
+    close = difflib.get_close_matches(str(recipe), known, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    raise ValueError(f"recipe={recipe!r} is not known; {hint}expected one of {sorted(RECIPES)}, "
+                     f"{sorted(OCP_MX_RECIPES)} or {sorted(DERIVED_RECIPES)}")

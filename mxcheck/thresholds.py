@@ -103,6 +103,14 @@ LINEAR_SNR_FLOORS: dict[str, Floor] = {
     "fp8-rowwise": Floor(25.0, "measured 28.5-31.5 dB (rowwise e4m3, power-of-2 scales)"),
     "fp8-block": Floor(25.0, "measured 28.5-31.5 dB on an H200 (TE Float8BlockScaling, 256x256x512); "
                               "anchor e4m3 > 25"),
+    # OCP MX v1.0 (floor rule): on conformance inputs the floor rule saturates block maxima near
+    # the top of a binade (amax / 2^e up to 2 x the format's top power of two), so these sit
+    # under the vendor rules' figures and answer to no DESIGN anchor.
+    "ocp-mxfp4": Floor(9.0, "measured 13.6-16.5 dB per draw on conformance inputs (floor rule)"),
+    "ocp-mxfp6-e2m3": Floor(20.0, "measured 26.1-29.5 dB per draw on conformance inputs"),
+    "ocp-mxfp6-e3m2": Floor(16.0, "measured 20.8-24.2 dB per draw on conformance inputs"),
+    "ocp-mxfp8-e4m3": Floor(16.0, "measured 21.7-26.6 dB per draw on conformance inputs (25.5-31.5 with rceil)"),
+    "ocp-mxfp8-e5m2": Floor(16.0, "measured 20.8-24.3 dB per draw on conformance inputs"),
 }
 # Whole layers and models against float64 truth or the unquantized model, keyed "what/recipe".
 MODEL_FLOORS: dict[str, Floor] = {

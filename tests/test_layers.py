@@ -38,7 +38,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     )),
     ("transforms", ("mxcheck.hadamard",)),
     ("scaling", ("mxcheck.scaling",)),
-    ("recipes", ("mxcheck.recipes", "mxcheck.profiles")),
+    ("recipes", ("mxcheck.recipes", "mxcheck.profiles",
+                 "mxcheck.recipe_files",  # recipes read from YAML/TOML, and the claim resolver
+                 )),
     ("oracle ops", (
         "mxcheck.gemm", "mxcheck.functions",
         "mxcheck.trace_ops",  # the custom ops the reference Function announces itself through
@@ -64,6 +66,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "mxcheck.plugin", "mxcheck.deps", "mxcheck.report", "mxcheck.cli", "mxcheck.__main__",
         "mxcheck.sweep", "mxcheck.deploy", "mxcheck.distributed", "mxcheck.distributed_check",
         "mxcheck.false_failure",  # the suite's randomized checks and their false-failure odds
+        "mxcheck.conformance.suite",  # the installed test modules: pytest tests using the plugin
     )),
 )
 RANK = {name: i for i, (name, _) in enumerate(LAYERS)}

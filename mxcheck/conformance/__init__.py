@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from mxcheck.assertions import NumericsError
+from mxcheck.backends.contract import Refusal
 from mxcheck.conformance._common import LINEAR_SNR_FLOORS, SAME_OPERANDS_FLOOR_DB, linear_of
 from mxcheck.conformance.basic import (
     check_gemm,
@@ -37,11 +38,15 @@ from mxcheck.conformance.sr import (
     check_sr_unbiased,
     sr_deviation_bound,
 )
-from mxcheck.recipes import Recipe
+from mxcheck.recipes import DERIVED_RECIPES, OCP_MX_RECIPES, RECIPES, Recipe
 
-__all__ = ["CHECKS", "EDGE_SHAPES", "LINEAR_SNR_FLOORS", "SAME_OPERANDS_FLOOR_DB", "SR_DRAWS", "SR_FALSE_FAILURE",
+__all__ = ["CHECKS", "DEFAULT_RECIPES", "EDGE_SHAPES", "LINEAR_SNR_FLOORS", "SAME_OPERANDS_FLOOR_DB", "SR_DRAWS", "SR_FALSE_FAILURE",
            "check_gemm", "check_quantize", "edge_shape_outcome", "linear_of", "run_checks",
            "sr_deviation_bound"]
+
+# What conformance runs on a backend that states no claims (and --mxcheck-recipe is not given):
+# every built-in recipe, its derived SR variants and the OCP MX v1.0 recipes; supports() filters.
+DEFAULT_RECIPES: tuple[str, ...] = (*sorted(RECIPES), *sorted(DERIVED_RECIPES), *sorted(OCP_MX_RECIPES))
 
 CHECKS: dict[str, Callable[..., str | None]] = {
     "quantize": check_quantize,
@@ -61,7 +66,7 @@ CHECKS: dict[str, Callable[..., str | None]] = {
 
 
 def run_checks(backend: Any, recipe: Recipe, seed: int = 0, names: Iterable[str] | None = None) -> dict[str, str]:
-    """name -> "ok", "skipped: ..." or "FAILED: ..." for every check, or for those in
+    """name -> "ok", "skipped: ...", "refused: ..." or "FAILED: ..." for every check, or for those in
     ``names`` (for the known-bad tests); each check draws from a generator seeded with ``seed``."""
     names = list(CHECKS) if names is None else list(names)
     unknown = [n for n in names if n not in CHECKS]
@@ -74,6 +79,8 @@ def run_checks(backend: Any, recipe: Recipe, seed: int = 0, names: Iterable[str]
             skipped = check(backend, recipe, gen)
         except NumericsError as e:
             out[name] = f"FAILED: {str(e).splitlines()[0]}"
+        except Refusal as e:
+            out[name] = f"refused: {e}"
         else:
             out[name] = f"skipped: {skipped}" if skipped else "ok"
     return out

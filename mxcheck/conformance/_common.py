@@ -10,6 +10,7 @@ import torch
 
 from mxcheck import thresholds
 from mxcheck.assertions import NumericsError, assert_bitwise_equal, assert_snr
+from mxcheck.backends.contract import Refusal
 from mxcheck.conformance.inputs import training_like_cropped
 from mxcheck.functions import make_delayed_states, quant_linear
 from mxcheck.gemm import dequantize_operand, emulated_gemm, quantize_operand
@@ -69,7 +70,7 @@ def linear_of(backend: Any) -> Callable[..., torch.Tensor] | None:
         base = backend.linear
     elif hasattr(backend, "gemm"):
         def base(x, w, b, recipe, **kw):
-            return quant_linear(x, w, b, recipe, gemm=backend.gemm, **kw)
+            return _reference_on_gemm(backend, x, w, b, recipe, **kw)
     else:
         return None
 
@@ -78,6 +79,28 @@ def linear_of(backend: Any) -> Callable[..., torch.Tensor] | None:
             return base(x, w, b, recipe)
         return base(x, w, b, recipe, states=make_delayed_states(recipe) if states is None else states)
     return linear
+
+
+class _FromBackend(Exception):
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+def _reference_on_gemm(backend: Any, x, w, b, recipe: Recipe, **kw) -> torch.Tensor:
+    """The reference Function on the backend's GEMM. The oracle's own ValueError (a shape the
+    reference Function cannot take) is a Refusal; the backend's exceptions pass unchanged."""
+    def gemm(*args: Any, **kwargs: Any) -> torch.Tensor:
+        try:
+            return backend.gemm(*args, **kwargs)
+        except Exception as e:  # re-raised unchanged below
+            raise _FromBackend(e) from e
+
+    try:
+        return quant_linear(x, w, b, recipe, gemm=gemm, **kw)
+    except _FromBackend as carrier:
+        raise carrier.error from None
+    except ValueError as e:
+        raise Refusal(f"the reference Function around the backend's gemm cannot take this: {e}") from e
 
 
 def warmed_states(linear: Callable[..., torch.Tensor], recipe: Recipe, x: torch.Tensor, w: torch.Tensor,
@@ -107,9 +130,6 @@ def _linear(backend: Any, x, w, b, recipe: Recipe, seed: int = 0, states: Any = 
         if dy is not None:
             y.backward(dy.to(y.dtype))
     return x, w, b, y
-
-
-_ALLOWED_ERRORS = (ValueError, TypeError, NotImplementedError)
 
 
 def weight_scale(k: int) -> float:

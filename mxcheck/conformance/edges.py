@@ -8,8 +8,8 @@ from typing import Any
 import torch
 
 from mxcheck.assertions import NumericsError
+from mxcheck.backends.contract import Refusal
 from mxcheck.conformance._common import (
-    _ALLOWED_ERRORS,
     SAME_OPERANDS_FLOOR_DB,
     _assert_in_bound,
     _device,
@@ -54,12 +54,12 @@ def _names_a_dim(msg: str, dims: dict[str, int]) -> bool:
 
 def _raised(e: Exception, what: str, dims: dict[str, int]) -> str:
     msg = str(e).splitlines()[0] if str(e) else ""
-    if not isinstance(e, _ALLOWED_ERRORS):
-        raise NumericsError(f"{what} at {dims} raised {type(e).__name__}, not ValueError/TypeError/"
-                            f"NotImplementedError: validate the shape and name the dim ({msg[:200]})") from e
+    if not isinstance(e, Refusal):
+        raise NumericsError(f"{what} at {dims} raised {type(e).__name__}, not mxcheck.backends.Refusal: "
+                            f"validate the shape and raise Refusal naming the dim ({msg[:200]})") from e
     if not _names_a_dim(msg, dims):
-        raise NumericsError(f"{what} at {dims} raised {type(e).__name__} without naming M, N or K: {msg[:200]}")
-    return f"raised: {type(e).__name__}: {msg[:160]}"
+        raise NumericsError(f"{what} at {dims} raised Refusal without naming M, N or K: {msg[:200]}")
+    return f"refused: {msg[:160]}"
 
 
 def _edge_gemm(backend: Any, recipe: Recipe, gen: torch.Generator, m: int, n: int, k: int) -> str:

@@ -11,7 +11,6 @@ import torch
 
 from mxcheck.assertions import NumericsError
 from mxcheck.conformance._common import (
-    _ALLOWED_ERRORS,
     _bitwise,
     _device,
     _fwd_operands,
@@ -103,21 +102,15 @@ def check_poison_padding(backend: Any, recipe: Recipe, gen: torch.Generator, num
         for name, t in (("x_row", x), ("w_row", w)):
             spec = recipe.spec(name)
             ours = quantize_operand(t, spec, **fresh_state(recipe, name))
-            try:
-                with _poisoned_empty(dev, 0xFF):
-                    theirs = backend.quantize(t, spec, **fresh_state(recipe, name))
-            except _ALLOWED_ERRORS as e:
-                return f"backend quantize refuses {name} {tuple(t.shape)}: {e}"
+            with _poisoned_empty(dev, 0xFF):  # a Refusal propagates: the test counts it as refused
+                theirs = backend.quantize(t, spec, **fresh_state(recipe, name))
             for field in ("codes", "scales", "block_scales", "scale_inv"):
                 if hasattr(ours, field):  # the padded region included
                     _bitwise(numerics, getattr(theirs, field), getattr(ours, field),
                              layer=f"{name}.{field} (poisoned allocator)", direction="quantize", **ctx)
     if hasattr(backend, "gemm"):
         a, b = _fwd_operands(recipe, x, w)
-        try:
-            clean = backend.gemm(a, b, out_dtype=gemm_out_dtype(backend))
-        except _ALLOWED_ERRORS as e:
-            return f"backend gemm refuses M={m} N={n} K={k}: {e}"
+        clean = backend.gemm(a, b, out_dtype=gemm_out_dtype(backend))
         pa, pb = _in_poisoned_storage(a), _in_poisoned_storage(b)
         with _poisoned_empty(dev, 0xFF):
             got = backend.gemm(pa, pb, out_dtype=gemm_out_dtype(backend))
@@ -148,11 +141,8 @@ def check_poison_output(backend: Any, recipe: Recipe, gen: torch.Generator, nume
     for what, fn in runs.items():
         outs = []
         for byte in (0xFF, 0x00):
-            try:
-                with _poisoned_empty(dev, byte):
-                    outs.append(fn())
-            except _ALLOWED_ERRORS as e:
-                return f"{what} refuses M={m} N={n} K={k}: {e}"
+            with _poisoned_empty(dev, byte):
+                outs.append(fn())
         _bitwise(numerics, outs[0], outs[1], layer=f"{what}: uninitialised memory 0xFF vs 0x00", direction="fwd", **ctx)
         if torch.isnan(outs[0]).any():
             raise NumericsError(f"{what} of recipe {recipe.name} gave NaN for finite inputs (M={m} N={n} K={k})")
@@ -179,10 +169,7 @@ def check_poison_guard_tiles(backend: Any, recipe: Recipe, gen: torch.Generator,
     dev, (m, n, k) = _device(backend), (40, 48, 96)  # rows pad to 256, K to 128, + 2 guard tiles
     ctx = {"recipe": recipe.name, "m": m, "n": n, "k": k}
     a, b = _oracle_pair(recipe, gen, dev, m, n, k)
-    try:
-        clean = backend.gemm(a, b, out_dtype=torch.bfloat16)
-    except _ALLOWED_ERRORS as e:
-        return f"backend gemm refuses M={m} N={n} K={k}: {e}"
+    clean = backend.gemm(a, b, out_dtype=torch.bfloat16)
     (ab, asb), (bb, bsb) = (_guard_poisoned(q.codes, q.scales) for q in (a, b))
     if hasattr(backend, "gemm_mxfp6_blob"):
         got = backend.gemm_mxfp6_blob(ab, bb, asb, bsb, m, n, k)

@@ -1,31 +1,18 @@
-"""The conformance suite, parametrized over the selected backends (--mxcheck-backend)."""
+"""What the conformance suite (mxcheck/conformance/suite) runs on: every recipe has a floor."""
 
 from __future__ import annotations
 
 import pytest
 
 from mxcheck import thresholds
-from mxcheck.conformance import CHECKS
-from mxcheck.recipes import DERIVED_RECIPES, RECIPES, get_recipe
+from mxcheck.conformance import CHECKS, DEFAULT_RECIPES
+from mxcheck.recipes import RECIPES
 
 pytestmark = pytest.mark.emulated
 
-# Every named recipe and every derived one (mxfp4+sr, ...): a recipe without a floor fails
-# check_linear (thresholds.linear_floor raises), it does not drop out of this list.
-RECIPE_NAMES = sorted(RECIPES) + sorted(DERIVED_RECIPES)
-# edge_shapes runs shape by shape in test_edge_shapes.py (one test id per shape).
-CHECK_NAMES = sorted(set(CHECKS) - {"edge_shapes"})
-
-
-@pytest.mark.parametrize("recipe", RECIPE_NAMES)
-@pytest.mark.parametrize("check", CHECK_NAMES)
-def test_backend_conforms(backend, check, recipe, gen, numerics):
-    ok, why = backend.supports(get_recipe(recipe))
-    if not ok:
-        pytest.skip(f"backend {backend.name} does not support {recipe}: {why}")
-    skipped = CHECKS[check](backend, get_recipe(recipe), gen, numerics)
-    if skipped:
-        pytest.skip(f"{check}: {skipped}")
+# Every recipe the suite runs by default: a recipe without a floor fails check_linear
+# (thresholds.linear_floor raises), it does not drop out of this list.
+RECIPE_NAMES = list(DEFAULT_RECIPES)
 
 
 @pytest.mark.parametrize("recipe", RECIPE_NAMES)

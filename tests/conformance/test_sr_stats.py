@@ -19,17 +19,6 @@ pytestmark = pytest.mark.emulated
 SR_RECIPES = {"nvfp4": RECIPES["nvfp4"], "mxfp4+sr": get_recipe("mxfp4+sr"), "mxfp8+sr": get_recipe("mxfp8+sr")}
 
 
-@pytest.mark.parametrize("check", ["sr_unbiased", "sr_seeded"])
-@pytest.mark.parametrize("recipe", sorted(SR_RECIPES))
-def test_backend_sr(backend, recipe, check, gen, numerics):
-    ok, why = backend.supports(SR_RECIPES[recipe])
-    if not ok:
-        pytest.skip(f"backend {backend.name} does not support {recipe}: {why}")
-    skipped = CHECKS[check](backend, SR_RECIPES[recipe], gen, numerics)
-    if skipped:
-        pytest.skip(f"{check}: {skipped}")
-
-
 def test_sr_checks_skip_recipes_without_sr(gen):
     assert "no stochastic rounding" in CHECKS["sr_unbiased"](EmulatedBackend(), RECIPES["mxfp8"], gen)
 

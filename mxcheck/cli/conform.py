@@ -1,0 +1,70 @@
+"""``mxcheck conform``: the installed conformance suite on a backend, from any directory.
+
+It runs ``pytest --pyargs mxcheck.conformance.suite`` with the mxcheck options, so the result
+and the report are the ones a pytest run gives; exit 1 also when nothing was judged (every
+test skipped), so a backend that supports none of its claims never reads as green.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+from mxcheck.cli.common import CommandError
+
+__all__ = ["conform_args", "pytest_args", "run_conform"]
+
+SUITE = "mxcheck.conformance.suite"
+
+
+def conform_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", action="append", required=True, metavar="NAME|pkg.mod:factory",
+                   help="backend under test (repeatable): a registered name or 'pkg.module:factory'")
+    p.add_argument("--recipe", action="append", default=[], metavar="NAME|FILE",
+                   help="recipe to judge it on (repeatable): built-in name, RECIPE@PROFILE or a .yaml/.toml "
+                        "recipe file. Default: the backend's claims, else every built-in recipe")
+    p.add_argument("--report", metavar="PATH", help="write the JSON report here")
+    p.add_argument("--seed", default="0", metavar="INT", help="--mxcheck-seed. Default: 0")
+    p.add_argument("-n", "--workers", default=None, metavar="N",
+                   help="pytest-xdist workers ('auto' or a number). Default: none")
+    p.add_argument("--require-deps", action="store_true",
+                   help="a backend dependency that is missing or at a version it does not support fails")
+    p.add_argument("pytest_extra", nargs=argparse.REMAINDER, metavar="-- PYTEST_ARGS",
+                   help="anything after -- goes to pytest (e.g. -- -k quantize -x)")
+
+
+def pytest_args(args: argparse.Namespace, report: str) -> list[str]:
+    """The pytest command line ``mxcheck conform`` runs."""
+    out = ["--pyargs", SUITE, "-p", "no:cacheprovider", "--rootdir", str(Path(report).parent),
+           "-o", "addopts=", "--strict-markers", "-ra", "--mxcheck-report", report, "--mxcheck-seed", str(args.seed)]
+    for b in args.backend:
+        out += ["--mxcheck-backend", b]
+    for r in args.recipe:
+        out += ["--mxcheck-recipe", str(Path(r).resolve()) if Path(r).suffix in (".yaml", ".yml", ".toml") else r]
+    if args.workers:
+        out += ["-p", "xdist", "-n", str(args.workers)]
+    if args.require_deps:
+        out.append("--mxcheck-require-deps")
+    extra = list(args.pytest_extra)
+    return out + (extra[1:] if extra[:1] == ["--"] else extra)
+
+
+def run_conform(args: argparse.Namespace) -> int:
+    import pytest  # noqa: PLC0415  (only this command needs pytest)
+
+    from mxcheck.report import Report  # noqa: PLC0415
+
+    with tempfile.TemporaryDirectory(prefix="mxcheck-conform-") as tmp:
+        report = str(Path(args.report).resolve()) if args.report else str(Path(tmp) / "report.json")
+        if args.report and not Path(report).parent.is_dir():
+            raise CommandError(f"--report {args.report}: directory {Path(report).parent} does not exist")
+        code = int(pytest.main(pytest_args(args, report)))
+        if code not in (0, 1) or not Path(report).is_file():
+            return code
+        judged = Report.load(report).records
+    if code == 0 and not judged:
+        print("mxcheck conform: nothing was judged (every test skipped; the reasons are above). A backend "
+              "must support at least one recipe it is run on.")
+        return 1
+    return code
