@@ -226,7 +226,10 @@ class Collector:
         if backend is not None:
             ok, why = backend.available()
             if not ok:
-                return f"backend {backend.name}: {why}"
+                text = f"backend {backend.name}: {why}"
+                # keep the kind: --mxcheck-require-deps fails a dependency, skips the rest
+                return MissingDependency(why.package, why.needed, why.found, detail=text) \
+                    if isinstance(why, MissingDependency) else text
         return None
 
     # ---- records
@@ -276,7 +279,8 @@ class Collector:
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         missing = _missing_packages(s["reason"] for s in self.skipped)
-        if self.is_worker or not (self.records or self.comparison_text or self.witness_drifts or missing):
+        if self.is_worker or not (self.records or self.comparison_text or self.witness_drifts or missing
+                                  or self.skipped):
             return
         failed = sum(not r.passed for r in self.records)
         tr = terminalreporter

@@ -10,6 +10,7 @@ import torch
 from mxcheck import thresholds
 from mxcheck import thresholds as th
 from mxcheck.cli import main
+from mxcheck.recipes import OCP_MX_RECIPES
 
 pytestmark = pytest.mark.emulated
 
@@ -91,6 +92,12 @@ def _anchor_of(key: str) -> float | None:
     (name, key) for name in ("QUANTIZE_FLOORS", "GEMM_FLOORS", "LINEAR_SNR_FLOORS", "MODEL_FLOORS")
     for key in getattr(thresholds, name)], ids=str)
 def test_no_floor_sits_below_its_design_anchor(table, key):
+    if key in OCP_MX_RECIPES:
+        # The OCP floor rule saturates block maxima near the top of a binade on conformance
+        # inputs, so these answer to no DESIGN anchor (measured with the vendors' rules); each
+        # is held to its measured margin in tests/test_false_failure.py instead.
+        assert table == "LINEAR_SNR_FLOORS", (table, key)
+        return
     anchor = _anchor_of(key)
     if key.endswith("e3m2"):
         assert anchor is None  # MXFP6's anchor is the e2m3 recipe's; e3m2 measures 22-25 dB
@@ -109,7 +116,8 @@ def test_the_same_operands_floor_sits_above_every_anchor():
 def test_every_recipe_has_a_design_anchor_and_the_bias_gradient_floor_its_own():
     from mxcheck.recipes import RECIPES
 
-    assert set(thresholds.RECIPE_ANCHOR_FORMATS) == set(RECIPES) == set(thresholds.LINEAR_SNR_FLOORS)
+    assert set(thresholds.RECIPE_ANCHOR_FORMATS) == set(RECIPES)
+    assert set(thresholds.LINEAR_SNR_FLOORS) == set(RECIPES) | set(OCP_MX_RECIPES)
     assert thresholds.BGRAD_FLOOR_DB >= thresholds.DESIGN_ANCHORS_DB["bgrad"]
     # the anchors as DESIGN.md states them
     assert thresholds.DESIGN_ANCHORS_DB == {"e2m1": 10.0, "e2m3": 24.0, "e4m3": 25.0, "e5m2": 20.0, "bgrad": 35.0}

@@ -7,11 +7,18 @@ factory runs only when a test asks for its backend).
 
 from __future__ import annotations
 
+import contextlib
+import difflib
 import functools
 import importlib
+import io
+import os
+import sys
+import tempfile
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from importlib import metadata
+from typing import Any
 
 from mxcheck.backends.contract import Backend, MissingDependency, Refusal, version_problem
 from mxcheck.backends.emulated import EmulatedBackend
@@ -23,6 +30,7 @@ __all__ = [
     "MissingDependency",
     "Refusal",
     "available_backends",
+    "collapse_import_output",
     "get",
     "import_vendor",
     "register",
@@ -54,18 +62,30 @@ def registered() -> list[str]:
     return sorted(set(_FACTORIES) | set(_entry_points()))
 
 
+def _close(name: str, candidates: list[str]) -> str:
+    close = difflib.get_close_matches(name, candidates, n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
 def _load_spec(spec: str) -> Callable[[], Backend]:
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise BackendLoadError(f"backend {spec!r}: expected a registered name {registered()} "
-                               "or 'pkg.module:factory'")
+                               f"or 'pkg.module:factory'{_close(spec, registered())}")
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
-        raise BackendLoadError(f"backend {spec!r}: cannot import {module_name!r} ({e})") from e
+        missing = getattr(e, "name", None)
+        where = ("; searched sys.path: " + ", ".join(p or "." for p in sys.path[:6])
+                 + (" ..." if len(sys.path) > 6 else "")) if missing == module_name.split(".")[0] or \
+            (missing and module_name.startswith(missing)) else ""
+        raise BackendLoadError(f"backend {spec!r}: cannot import {module_name!r} ({type(e).__name__}: {e}){where}. "
+                               "Put the directory holding it on PYTHONPATH, or install its package") from e
     factory = getattr(module, attr, None)
     if factory is None:
-        raise BackendLoadError(f"backend {spec!r}: module {module_name!r} has no attribute {attr!r}")
+        public = [n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n))]
+        raise BackendLoadError(f"backend {spec!r}: module {module_name!r} ({getattr(module, '__file__', '?')}) "
+                               f"has no attribute {attr!r}{_close(attr, public)}")
     return factory
 
 
@@ -81,9 +101,56 @@ def get(spec: str) -> Backend:
         raise BackendLoadError(f"backend {spec!r}: {factory!r} is not callable; expected a factory")
     backend = factory()
     if not isinstance(backend, Backend):
+        missing = [a for a in ("name", "available", "supports") if not hasattr(backend, a)]
         raise BackendLoadError(f"backend {spec!r}: {type(backend).__name__} lacks the Backend "
-                               "protocol (name, available(), supports(recipe))")
+                               f"protocol (name, available(), supports(recipe)): no {', '.join(missing)}")
     return backend
+
+
+# Whether import_vendor collapses what a vendor package prints while it imports (CUDA/ROCm
+# probes, failed optional extensions, torch deprecation notices) into one line per package.
+# Off by default (a pytest run shows them); the CLI turns it on unless given -v.
+_COLLAPSE_IMPORT_OUTPUT = {"on": False}
+_REPORTED: set[str] = set()
+
+
+def collapse_import_output(on: bool) -> None:
+    """Collapse (True) or show in full (False, the default) vendor output at import."""
+    _COLLAPSE_IMPORT_OUTPUT["on"] = bool(on)
+
+
+@contextlib.contextmanager
+def _stderr_to(sink: Any) -> Iterator[None]:
+    """Send file descriptor 2 (Python's and C's stderr, logging handlers included) to sink."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    os.dup2(sink.fileno(), 2)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _import_quietly(module: str) -> None:
+    """Import module; what it writes to stderr and warns becomes one line naming the package."""
+    top = module.partition(".")[0]
+    with tempfile.TemporaryFile(mode="w+b") as sink, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        text = io.StringIO()  # what Python writes to sys.stderr (also when it is not fd 2)
+        try:
+            with _stderr_to(sink), contextlib.redirect_stderr(text):
+                importlib.import_module(module)
+        finally:
+            sink.seek(0)
+            out = text.getvalue() + sink.read().decode(errors="replace")
+            lines = [ln for ln in out.splitlines() if ln.strip()]
+            lines += [f"{w.category.__name__}: {w.message}" for w in caught]
+            if lines and top not in _REPORTED:
+                _REPORTED.add(top)
+                print(f"mxcheck: {top} printed {len(lines)} line(s) while importing (first: {lines[0][:160]!r}); "
+                      "-v shows them", file=sys.stderr)
 
 
 def import_vendor(module: str) -> str | None:
@@ -93,12 +160,21 @@ def import_vendor(module: str) -> str | None:
     usable (TransformerEngine 2.x warns when JAX is installed without its TE extension), so
     it is shown as a warning and never escalated, even under pytest's
     ``filterwarnings = error`` or ``python -W error``, which would otherwise turn it into an
-    exception here and report the backend "not importable".
+    exception here and report the backend "not importable". With
+    ``collapse_import_output(True)`` (the CLI, unless -v) what the import prints and warns
+    is one line per package.
     """
     with warnings.catch_warnings():
         warnings.simplefilter("default")
         try:
-            importlib.import_module(module)
+            if _COLLAPSE_IMPORT_OUTPUT["on"] and module not in sys.modules:
+                _import_quietly(module)
+            else:
+                importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if e.name and module.startswith(e.name):  # the package (or the module) itself is absent
+                return MissingDependency(module.partition(".")[0], detail=f"no module {e.name!r}")
+            return f"{module} not importable ({type(e).__name__}: {e})"
         except Exception as e:  # a vendor package may raise anything at import on a CPU host
             return f"{module} not importable ({type(e).__name__}: {e})"
     return None

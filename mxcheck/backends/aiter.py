@@ -41,6 +41,7 @@ from typing import Any
 import torch
 
 from mxcheck.backends.amd_mx import check_nt_pair, check_spec, mx_tensor, vendor_available
+from mxcheck.backends.contract import Refusal
 from mxcheck.formats import get_format
 from mxcheck.layouts import SHUFFLE_LAYOUT, pack_mxfp6_blob, shuffle_scale, unpack_mxfp6_blob
 from mxcheck.packing import pack_fp4, unpack_fp4
@@ -92,9 +93,9 @@ def _check_input(x: torch.Tensor, who: str) -> None:
         raise ValueError(f"{who} quantizes a 2D [rows, K] operand (K = the contraction axis), "
                          f"got {tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
     if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-        raise TypeError(f"x.dtype={x.dtype}; {who} takes float32, bfloat16 or float16")
+        raise Refusal(f"x.dtype={x.dtype}; {who} takes float32, bfloat16 or float16")
     if x.shape[1] % 32:
-        raise ValueError(f"x dim 1 (K) = {x.shape[1]} is not a multiple of 32; {who} needs whole 32-blocks")
+        raise Refusal(f"x dim 1 (K) = {x.shape[1]} is not a multiple of 32; {who} needs whole 32-blocks")
 
 
 class AiterBackend:
@@ -149,7 +150,7 @@ class AiterBackend:
     def quantize(self, x: torch.Tensor, spec: OperandSpec) -> MXTensor:
         """Quantize the NT operand x [rows, K] along K with AITER's quantizer for spec.fmt."""
         if spec.fmt not in AITER_QUANT_SPECS:
-            raise ValueError(f"aiter quantizes e2m1 and e2m3, not fmt={spec.fmt!r}")
+            raise Refusal(f"aiter quantizes e2m1 and e2m3, not fmt={spec.fmt!r}")
         who = f"aiter {spec.fmt} quantizer"
         _check_input(x, who)
         want = dict(AITER_QUANT_SPECS[spec.fmt])
@@ -167,7 +168,7 @@ class AiterBackend:
             scales = scales.view(torch.uint8)[:rows, : k // 32]
         else:
             if (why := self.missing_entry_points("e2m3")) is not None:
-                raise NotImplementedError(f"aiter MXFP6 quantize: {why}")
+                raise Refusal(f"aiter MXFP6 quantize: {why}")
             import aiter  # noqa: PLC0415
 
             blob, scale_blob = aiter.quant_mxfp6_gemm(x.contiguous())
@@ -179,16 +180,16 @@ class AiterBackend:
         """a[M, K] @ b[N, K]^T (+ bias) on gemm_a4w4 (e2m1) or gemm_a6w6 (e2m3); bf16 out."""
         ac, asc, bc, bsc = check_nt_pair(a, b)
         if a.fmt.name not in _ENTRY_POINTS:
-            raise ValueError(f"aiter has no MX GEMM for {a.fmt.name}; expected e2m1 or e2m3")
+            raise Refusal(f"aiter has no MX GEMM for {a.fmt.name}; expected e2m1 or e2m3")
         if out_dtype not in _OUT_DTYPES:
-            raise ValueError(f"aiter: out_dtype={out_dtype}; AITER's MX GEMMs write {_OUT_DTYPES} only (the "
+            raise Refusal(f"aiter: out_dtype={out_dtype}; AITER's MX GEMMs write {_OUT_DTYPES} only (the "
                              "gemm_a4w4 ASM kernel: 'only support BFloat16 output'; gemm_a6w6: bf16)")
         m, n, k = ac.shape[0], bc.shape[0], ac.shape[1]
         if a.fmt.bits == 4:
             out = self._a4w4(ac, asc, bc, bsc, out_dtype)
         else:
             if (why := self.missing_entry_points("e2m3")) is not None:
-                raise NotImplementedError(f"aiter gemm_a6w6: {why}")
+                raise Refusal(f"aiter gemm_a6w6: {why}")
             out = self._a6w6(ac, asc, bc, bsc, out_dtype)
         out = out[:m, :n]
         assert out.shape == (m, n), f"aiter returned {tuple(out.shape)} for M={m} N={n} K={k}"
@@ -201,7 +202,7 @@ class AiterBackend:
         bad = [f"{d}={v} (needs a multiple of {q})" for (d, q), v in zip(_A4W4_MULTIPLES.items(), (m, n, k), strict=True)
                if v % q]
         if bad:
-            raise ValueError(f"aiter gemm_a4w4: {', '.join(bad)} for M={m} N={n} K={k}")
+            raise Refusal(f"aiter gemm_a4w4: {', '.join(bad)} for M={m} N={n} K={k}")
         import aiter  # noqa: PLC0415
         from aiter.ops.shuffle import shuffle_weight  # noqa: PLC0415
 

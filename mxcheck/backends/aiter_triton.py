@@ -32,6 +32,7 @@ from mxcheck import hardware
 from mxcheck.backends import import_vendor
 from mxcheck.backends.aiter import AITER_QUANT_SPECS, DISTRIBUTION
 from mxcheck.backends.amd_mx import check_nt_pair, check_spec, gfx950_missing, mx_tensor
+from mxcheck.backends.contract import Refusal
 from mxcheck.packing import pack_fp4, unpack_fp4
 from mxcheck.recipes import OPERANDS, OperandSpec, Recipe, get_recipe
 from mxcheck.scaling.mx import MXTensor
@@ -157,12 +158,12 @@ class AiterTritonBackend:
         (AITER_QUANT_SPECS["e2m1"]: even rule, RNE): what the kernel does instead is the finding."""
         who = "aiter_triton dynamic_mxfp4_quant"
         if spec.fmt != "e2m1":
-            raise ValueError(f"{who} quantizes e2m1, not fmt={spec.fmt!r}")
+            raise Refusal(f"{who} quantizes e2m1, not fmt={spec.fmt!r}")
         if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] % 32:
-            raise ValueError(f"{who} takes a 2D [rows, K] operand with K a multiple of 32, got "
+            raise Refusal(f"{who} takes a 2D [rows, K] operand with K a multiple of 32, got "
                              f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
         if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-            raise TypeError(f"x.dtype={x.dtype}; {who} takes float32, bfloat16 or float16")
+            raise Refusal(f"x.dtype={x.dtype}; {who} takes float32, bfloat16 or float16")
         check_spec(spec, AITER_QUANT_SPECS["e2m1"], who)
         rows, k = x.shape
         data, scales = load_kernels()["quant"](x.contiguous(), shuffle=False)
@@ -174,9 +175,9 @@ class AiterTritonBackend:
         """a[M, K] @ b[N, K]^T (+ bias) with gemm_afp4wfp4 (AITER's config for M, N, K)."""
         ac, asc, bc, bsc = check_nt_pair(a, b)
         if a.fmt.name != "e2m1":
-            raise ValueError(f"aiter_triton gemm_afp4wfp4 takes e2m1 operands, got {a.fmt.name}")
+            raise Refusal(f"aiter_triton gemm_afp4wfp4 takes e2m1 operands, got {a.fmt.name}")
         if out_dtype not in _OUT_DTYPES:
-            raise ValueError(f"aiter_triton: out_dtype={out_dtype}; gemm_afp4wfp4 is run here for {_OUT_DTYPES}")
+            raise Refusal(f"aiter_triton: out_dtype={out_dtype}; gemm_afp4wfp4 is run here for {_OUT_DTYPES}")
         m, n = ac.shape[0], bc.shape[0]
         extra = -ac.shape[1] % _K_TILE
         ac, bc = (torch.nn.functional.pad(c, (0, extra)) for c in (ac, bc))

@@ -11,6 +11,7 @@ import torch
 
 from mxcheck import hardware
 from mxcheck.backends import import_vendor
+from mxcheck.backends.contract import Refusal
 from mxcheck.formats import get_format
 from mxcheck.hadamard import get_hadamard
 from mxcheck.recipes import OperandSpec
@@ -40,7 +41,7 @@ def mx_operand(q: MXTensor, name: str) -> tuple[torch.Tensor, torch.Tensor]:
     if not isinstance(q, MXTensor):
         raise TypeError(f"{name} must be an MXTensor (from quantize or mxcheck.mx_quantize), got {type(q).__name__}")
     if q.codes.dim() != 2 or q.block_size != 32:
-        raise ValueError(f"{name}: expected a 2D MXTensor in 32-blocks, got codes {tuple(q.codes.shape)} "
+        raise Refusal(f"{name}: expected a 2D MXTensor in 32-blocks, got codes {tuple(q.codes.shape)} "
                          f"block_size={q.block_size}")
     return q.codes.movedim(q.axis, -1).contiguous(), q.scales.movedim(q.axis, -1).contiguous()
 
@@ -63,12 +64,12 @@ def check_nt_pair(a: MXTensor, b: MXTensor) -> tuple[torch.Tensor, torch.Tensor,
     ac, asc = mx_operand(a, "a")
     bc, bsc = mx_operand(b, "b")
     if a.fmt.name != b.fmt.name:
-        raise ValueError(f"a is {a.fmt.name} and b is {b.fmt.name}; this GEMM takes one format for both")
+        raise Refusal(f"a is {a.fmt.name} and b is {b.fmt.name}; this GEMM takes one format for both")
     if ac.shape[1] != bc.shape[1]:
         raise ValueError(f"K mismatch: a has K={ac.shape[1]} and b has K={bc.shape[1]} (padded codes); "
                          "quantize both with the same pad_to")
     if a.hadamard != b.hadamard:
-        raise ValueError(f"a and b carry different rotations along K ({a.hadamard} vs {b.hadamard}); "
+        raise Refusal(f"a and b carry different rotations along K ({a.hadamard} vs {b.hadamard}); "
                          "(A R)(B R)^T = A B^T only when both are rotated alike")
     return ac, asc, bc, bsc
 
@@ -76,12 +77,12 @@ def check_nt_pair(a: MXTensor, b: MXTensor) -> tuple[torch.Tensor, torch.Tensor,
 def check_spec(spec: OperandSpec, want: dict[str, Any], who: str, *, allow_2d: bool = False) -> None:
     """ValueError naming the first spec field a vendor quantizer cannot honour."""
     if spec.scaling != "mx" or spec.block_size != 32 or (spec.block_2d and not allow_2d):
-        raise ValueError(f"{who} quantizes 1x32 MX blocks; spec has scaling={spec.scaling!r} "
+        raise Refusal(f"{who} quantizes 1x32 MX blocks; spec has scaling={spec.scaling!r} "
                          f"block_size={spec.block_size} block_2d={spec.block_2d}")
     for field, value in want.items():
         got = getattr(spec, field)
         if field == "hadamard":
             got, value = get_hadamard(got), get_hadamard(value)
         if got != value:
-            raise ValueError(f"{who} produces {field}={value!r} for {spec.fmt}; the spec asks for {got!r}. "
+            raise Refusal(f"{who} produces {field}={value!r} for {spec.fmt}; the spec asks for {got!r}. "
                              "Quantize with mxcheck.mx_quantize and pass the MXTensor to gemm instead")

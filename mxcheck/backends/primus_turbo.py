@@ -49,6 +49,7 @@ from typing import Any
 import torch
 
 from mxcheck.backends.amd_mx import check_nt_pair, check_spec, mx_tensor, vendor_available
+from mxcheck.backends.contract import Refusal
 from mxcheck.formats import get_format
 from mxcheck.hadamard import get_hadamard
 from mxcheck.layouts import pack_mxfp6_blob, unpack_mxfp6_blob
@@ -91,7 +92,7 @@ def mxfp6_missing() -> str | None:
 
 def _mx_input(x: torch.Tensor, who: str) -> torch.Tensor:
     if x.dtype not in _MX_INPUT_DTYPES:
-        raise TypeError(f"x.dtype={x.dtype}; {who} takes bfloat16 or float16 only (quantization.cpp: "
+        raise Refusal(f"x.dtype={x.dtype}; {who} takes bfloat16 or float16 only (quantization.cpp: "
                         "'Input must be BFloat16 or Half'); cast x first")
     return x.contiguous()
 
@@ -122,7 +123,7 @@ def classify(recipe: Recipe | str) -> tuple[str, Any]:
     r = get_recipe(recipe)
     kinds = {op: _family(r.spec(op)) for op in OPERANDS}
     if None in kinds.values() or len(set(kinds.values())) > 1:
-        raise ValueError(f"primus_turbo: recipe {r.name} has operands {kinds}; Primus-Turbo runs all-MXFP4 "
+        raise Refusal(f"primus_turbo: recipe {r.name} has operands {kinds}; Primus-Turbo runs all-MXFP4 "
                          "(e2m1, even), all-MXFP6 (e2m3, floor, h32) or tensorwise FP8 (primus_turbo scale)")
     kind = kinds["x_row"]
     if kind == "mxfp4":
@@ -133,13 +134,13 @@ def classify(recipe: Recipe | str) -> tuple[str, Any]:
         for op in OPERANDS:
             s = r.spec(op)
             if s.block_2d != op.startswith("w"):
-                raise ValueError(f"primus_turbo: {op} block_2d={s.block_2d}; FP4GemmMXFunction uses 2D "
+                raise Refusal(f"primus_turbo: {op} block_2d={s.block_2d}; FP4GemmMXFunction uses 2D "
                                  "blocks exactly for the weight copies")
             if get_hadamard(s.hadamard) not in (None, get_hadamard("h16x2")):
-                raise ValueError(f"primus_turbo: {op} hadamard={s.hadamard!r}; Primus-Turbo's RHT is h16x2")
+                raise Refusal(f"primus_turbo: {op} hadamard={s.hadamard!r}; Primus-Turbo's RHT is h16x2")
         sr = {r.g_row.rounding, r.g_col.rounding}
         if sr not in ({"rne"}, {"sr"}) or {r.x_row.rounding, r.w_row.rounding} != {"rne"}:
-            raise ValueError("primus_turbo: use_gradient_sr rounds both gradient copies stochastically "
+            raise Refusal("primus_turbo: use_gradient_sr rounds both gradient copies stochastically "
                              "and nothing else")
         return kind, sr == {"sr"}
     if kind == "fp8":
@@ -147,7 +148,7 @@ def classify(recipe: Recipe | str) -> tuple[str, Any]:
         bwd = {r.g_row.fmt, r.g_col.fmt}
         fmt = _FP8_FORMATS.get((fwd.pop(), bwd.pop())) if len(fwd) == 1 == len(bwd) else None
         if fmt is None:
-            raise ValueError(f"primus_turbo: recipe {r.name} FP8 formats are not E4M3, E5M2 or HYBRID")
+            raise Refusal(f"primus_turbo: recipe {r.name} FP8 formats are not E4M3, E5M2 or HYBRID")
         return kind, fmt
     return kind, None
 
@@ -156,6 +157,7 @@ class PrimusTurboBackend:
     """Primus-Turbo's MX and FP8 quantizers, GEMMs and autograd linears."""
 
     name = "primus_turbo"
+    input_dtypes = (torch.bfloat16, torch.float16)  # quantization.cpp takes no float32 input
 
     def available(self) -> tuple[bool, str]:
         return vendor_available("primus_turbo", "primus_turbo MXFP4/MXFP6 kernels")
@@ -175,7 +177,7 @@ class PrimusTurboBackend:
     def _fp4_recipe(spec: OperandSpec) -> Any:
         check_spec(spec, _MXFP4, "primus_turbo quantize_fp4", allow_2d=True)
         if spec.rounding not in ("rne", "sr") or get_hadamard(spec.hadamard) not in (None, get_hadamard("h16x2")):
-            raise ValueError(f"primus_turbo quantize_fp4 rounds rne or sr and rotates by h16x2 or not at all; "
+            raise Refusal(f"primus_turbo quantize_fp4 rounds rne or sr and rotates by h16x2 or not at all; "
                              f"spec has rounding={spec.rounding!r} hadamard={spec.hadamard!r}")
         lp = _pt("core.low_precision")
         return lp.ScalingRecipe(use_2d_block=spec.block_2d, use_sr=spec.rounding == "sr",
@@ -188,7 +190,7 @@ class PrimusTurboBackend:
         if spec.scaling == "tensor":
             return self._fp8(x, spec)
         if spec.fmt not in _MX_FORMATS:
-            raise ValueError(f"primus_turbo quantizes MX e2m1/e2m3 and tensorwise e4m3/e5m2, not {spec.fmt}/{spec.scaling}")
+            raise Refusal(f"primus_turbo quantizes MX e2m1/e2m3 and tensorwise e4m3/e5m2, not {spec.fmt}/{spec.scaling}")
         if get_format(spec.fmt).bits == 4:
             lp, q = _pt("core.low_precision"), _pt("ops.quantization")
             data, scale = q.quantize_fp4(_mx_input(x, "primus_turbo quantize_fp4"), torch.float4_e2m1fn_x2, lp.ScalingGranularity.MX_BLOCKWISE,
@@ -203,7 +205,7 @@ class PrimusTurboBackend:
         if x.dim() != 2 or row.fmt != col.fmt:
             raise ValueError("quantize_dual takes a 2D x and two specs of one format")
         if row.fmt not in _MX_FORMATS:
-            raise ValueError(f"quantize_dual covers e2m1 and e2m3, not {row.fmt}")
+            raise Refusal(f"quantize_dual covers e2m1 and e2m3, not {row.fmt}")
         m, k = x.shape
         if get_format(row.fmt).bits == 4:
             lp, q = _pt("core.low_precision"), _pt("ops.quantization")
@@ -223,7 +225,7 @@ class PrimusTurboBackend:
     @staticmethod
     def _fp8(x: torch.Tensor, spec: OperandSpec) -> FP8Tensor:
         if spec.fmt not in _FP8_DTYPES or spec.scale_formula != "primus_turbo":
-            raise ValueError(f"primus_turbo quantize_fp8 (tensorwise) gives fmt e4m3/e5m2 with "
+            raise Refusal(f"primus_turbo quantize_fp8 (tensorwise) gives fmt e4m3/e5m2 with "
                              f"scale_formula='primus_turbo'; spec has {spec.fmt!r}/{spec.scale_formula!r}")
         lp, q = _pt("core.low_precision"), _pt("ops.quantization")
         data, scale_inv = q.quantize_fp8(x.contiguous(), _FP8_DTYPES[spec.fmt], lp.ScalingGranularity.TENSORWISE)
@@ -243,7 +245,7 @@ class PrimusTurboBackend:
         else:
             ac, asc, bc, bsc = check_nt_pair(a, b)
             if a.fmt.name not in _MX_FORMATS:
-                raise ValueError(f"primus_turbo has no MX GEMM for {a.fmt.name}; expected e2m1 or e2m3")
+                raise Refusal(f"primus_turbo has no MX GEMM for {a.fmt.name}; expected e2m1 or e2m3")
             m, n, k = ac.shape[0], bc.shape[0], ac.shape[1]
             gran = lp.ScalingGranularity.MX_BLOCKWISE.value
             if a.fmt.bits == 4:
@@ -253,11 +255,11 @@ class PrimusTurboBackend:
                            out_dtype, False, granularity=gran, default_backend=be.BackendType.HIPBLASLT.value)
             else:  # e2m3, packed four codes in three bytes
                 if out_dtype != torch.bfloat16:
-                    raise ValueError(f"primus_turbo gemm_fp6_impl writes bfloat16 only, got out_dtype={out_dtype}")
+                    raise Refusal(f"primus_turbo gemm_fp6_impl writes bfloat16 only, got out_dtype={out_dtype}")
                 bad = [f"{d}={v} (needs a multiple of {q})"
                        for (d, q), v in zip(_FP6_MULTIPLES.items(), (m, n, k), strict=True) if v % q]
                 if bad:
-                    raise ValueError(f"primus_turbo gemm_fp6_impl: {', '.join(bad)} for M={m} N={n} K={k}")
+                    raise Refusal(f"primus_turbo gemm_fp6_impl: {', '.join(bad)} for M={m} N={n} K={k}")
                 (ab, asb), (bb, bsb) = pack_mxfp6_blob(ac, asc), pack_mxfp6_blob(bc, bsc)
                 out = _pt("kernels.gemm.gemm_fp6_impl").gemm_fp6_impl(ab, asb, bb, bsb, m, n, k, out_dtype, gran)
             out = out[:m, :n]
@@ -267,7 +269,7 @@ class PrimusTurboBackend:
     def _gemm_fp8(a: FP8Tensor, b: FP8Tensor, out_dtype: torch.dtype, lp: Any, be: Any) -> torch.Tensor:
         for name, t in (("a", a), ("b", b)):
             if t.granularity != "tensor" or t.codes.dim() != 2 or t.fmt.name not in _FP8_DTYPES:
-                raise ValueError(f"{name}: primus_turbo gemm_fp8_impl here takes 2D tensorwise e4m3/e5m2, got "
+                raise Refusal(f"{name}: primus_turbo gemm_fp8_impl here takes 2D tensorwise e4m3/e5m2, got "
                                  f"{t.fmt.name} {t.granularity} {tuple(t.codes.shape)}")
         if a.codes.shape[1] != b.codes.shape[1]:
             raise ValueError(f"K mismatch: a is {tuple(a.codes.shape)}, b is {tuple(b.codes.shape)} (NT: both [., K])")
@@ -286,7 +288,7 @@ class PrimusTurboBackend:
         x2 = x.reshape(-1, x.shape[-1])
         (m, k), n = x2.shape, weight.shape[0]
         if kind == "mxfp6" and (why := mxfp6_missing()) is not None:
-            raise NotImplementedError(f"primus_turbo linear for recipe {r.name}: {why}")
+            raise Refusal(f"primus_turbo linear for recipe {r.name}: {why}")
         r.check_shape(m, n, k)
         if kind != "fp8":  # the MX quantizers inside gemm_fp4 / gemm_fp6 take bf16/fp16 only
             x2, weight = (t if t.dtype in _MX_INPUT_DTYPES else t.to(torch.bfloat16) for t in (x2, weight))

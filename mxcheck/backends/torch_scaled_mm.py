@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from mxcheck import hardware
+from mxcheck.backends.contract import Refusal
 from mxcheck.recipes import Recipe, get_recipe
 from mxcheck.scaling.fp8 import FP8Tensor
 
@@ -54,10 +55,10 @@ def _check_operand(q: Any, name: str) -> None:
     if q.codes.dim() != 2:
         raise ValueError(f"{name}: expected 2D codes [rows, K], got shape {tuple(q.codes.shape)}")
     if q.granularity not in _GRANULARITIES:
-        raise ValueError(f"{name}: torch._scaled_mm takes tensorwise or rowwise scales here, got "
+        raise Refusal(f"{name}: torch._scaled_mm takes tensorwise or rowwise scales here, got "
                          f"granularity={q.granularity!r}")
     if q.fmt.torch_dtype is None:
-        raise ValueError(f"{name}: this torch build has no dtype for {q.fmt.name}")
+        raise Refusal(f"{name}: this torch build has no dtype for {q.fmt.name}")
 
 
 def scaled_mm_nt(a: FP8Tensor, b: FP8Tensor, *, out_dtype: torch.dtype = torch.bfloat16,
@@ -70,14 +71,14 @@ def scaled_mm_nt(a: FP8Tensor, b: FP8Tensor, *, out_dtype: torch.dtype = torch.b
     if k != kb:
         raise ValueError(f"K mismatch: a is {tuple(a.codes.shape)}, b is {tuple(b.codes.shape)} (NT: b is [N, K])")
     if k % 16 or n % 16:  # cuBLASLt FP8: else a RuntimeError from inside torch, not naming the dim
-        raise ValueError(f"torch._scaled_mm (cuBLASLt FP8) needs K and N multiples of 16; got M={m} N={n} K={k}")
+        raise Refusal(f"torch._scaled_mm (cuBLASLt FP8) needs K and N multiples of 16; got M={m} N={n} K={k}")
     if a.granularity != b.granularity:
-        raise ValueError(f"a is {a.granularity}-scaled and b is {b.granularity}-scaled; torch._scaled_mm "
+        raise Refusal(f"a is {a.granularity}-scaled and b is {b.granularity}-scaled; torch._scaled_mm "
                          "takes both tensorwise or both rowwise")
     if a.fmt.name == "e5m2" and b.fmt.name == "e5m2":
-        raise ValueError("torch._scaled_mm (cuBLASLt) has no e5m2 x e5m2 GEMM; one operand must be e4m3")
+        raise Refusal("torch._scaled_mm (cuBLASLt) has no e5m2 x e5m2 GEMM; one operand must be e4m3")
     if a.granularity == "row" and (a.fmt.name, b.fmt.name) != ("e4m3", "e4m3"):
-        raise ValueError(f"torch._scaled_mm rowwise scaling takes e4m3 x e4m3, got {a.fmt.name} x {b.fmt.name}")
+        raise Refusal(f"torch._scaled_mm rowwise scaling takes e4m3 x e4m3, got {a.fmt.name} x {b.fmt.name}")
     a8 = a.codes.contiguous().view(a.fmt.torch_dtype)
     b8 = b.codes.contiguous().view(b.fmt.torch_dtype)  # [N, K] row-major; .t() is [K, N] column-major
     sa = a.scale_inv.to(torch.float32)

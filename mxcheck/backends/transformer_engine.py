@@ -42,6 +42,7 @@ from typing import Any
 import torch
 
 from mxcheck.backends import import_vendor
+from mxcheck.backends.contract import Refusal
 from mxcheck.backends.torch_scaled_mm import MIN_CAPABILITY, nvidia_missing
 from mxcheck.recipes import OPERANDS, RECIPES, Recipe, get_recipe
 from mxcheck.trace_ops import UNTRACED, announce_gemm
@@ -165,7 +166,7 @@ class TransformerEngineBackend:
         """The ``transformer_engine.common.recipe`` object for an mxcheck recipe."""
         got = te_recipe_args(recipe)
         if isinstance(got, str):
-            raise ValueError(got)
+            raise Refusal(got)
         cls, kwargs, _ = got
         from transformer_engine.common import recipe as te_recipe  # noqa: PLC0415
 
@@ -213,7 +214,7 @@ class TransformerEngineBackend:
         # pad" from cublaslt_gemm.cu::CanonicalizeGemmInput, seen on an H200 at M=40 and M=200).
         bad = [f"{d}={v}" for d, v in (("M", m), ("N", n), ("K", k)) if v % TE_FP8_DIM_MULTIPLE]
         if bad:
-            raise ValueError(f"transformer_engine FP8 GEMMs need M, N and K multiples of {TE_FP8_DIM_MULTIPLE} "
+            raise Refusal(f"transformer_engine FP8 GEMMs need M, N and K multiples of {TE_FP8_DIM_MULTIPLE} "
                              f"(cuBLASLt leading dimensions); got {', '.join(bad)} (M={m} N={n} K={k}): pad "
                              "the tokens or the layer")
         module, autocast = self._module(k, n, bias is not None, r, x.device, states)

@@ -14,6 +14,7 @@ import torch
 
 from mxcheck import hardware
 from mxcheck.backends import import_vendor
+from mxcheck.backends.contract import Refusal
 from mxcheck.scaling.mx import MXTensor
 
 __all__ = ["TritonMXBackend", "triton_mx_gemm"]
@@ -64,7 +65,7 @@ def _kernel() -> Any:
 
 def _operand(q: MXTensor, name: str) -> tuple[torch.Tensor, torch.Tensor, int]:
     if q.fmt.name not in _TRITON_FORMATS or q.block_size != 32 or q.axis != q.codes.ndim - 1:
-        raise ValueError(f"{name}: triton dot_scaled takes e2m1/e4m3/e5m2 in 32-blocks along the last "
+        raise Refusal(f"{name}: triton dot_scaled takes e2m1/e4m3/e5m2 in 32-blocks along the last "
                          f"axis, got fmt={q.fmt.name} block_size={q.block_size} axis={q.axis}")
     data = q.pack().contiguous()
     return data, q.scales.contiguous(), 8 // q.fmt.bits  # codes per byte: fp4 2, fp8 1
@@ -78,7 +79,7 @@ def triton_mx_gemm(a: MXTensor, b: MXTensor, *, out_dtype: torch.dtype = torch.b
     m, k = a.codes.shape
     n, kb = b.codes.shape
     if k != kb or k % block_k:
-        raise ValueError(f"K of a ({k}) and b ({kb}) must match and be a multiple of {block_k}")
+        raise Refusal(f"K of a ({k}) and b ({kb}) must match and be a multiple of {block_k}")
     c = torch.empty(m, n, dtype=out_dtype, device=a.codes.device)
     block_m, block_n = 128, 128
     grid = ((m + block_m - 1) // block_m, (n + block_n - 1) // block_n)

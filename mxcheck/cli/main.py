@@ -72,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
                      "training. Exit codes: 0 ok, 1 regression (compare) or failed check (lint, "
                      "tuned-coverage, aiter-log), 2 bad usage or input.")
     parser.add_argument("--version", action="version", version=f"{PROG} {mxcheck.__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="show what vendor packages print while they import (default: one line each)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, cmd in COMMANDS.items():
         p = sub.add_parser(name, help=cmd.help, description=cmd.help)
@@ -94,6 +96,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: error: a command is required, one of {', '.join(COMMANDS)} "
               f"(see {PROG} --help)", file=sys.stderr)
         return 2
+    from mxcheck.backends import collapse_import_output  # noqa: PLC0415
+
+    collapse_import_output(not args.verbose)
     try:
         return args.run(args)
     except CommandError as e:

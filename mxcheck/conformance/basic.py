@@ -51,25 +51,47 @@ QUANTIZE_INPUTS = {
     "amax-bf16": {"powers": WIDE_POWERS},
     "inf-nan": {"powers": None, "specials": True},
 }
+# The tensor dtypes each input family is fed in: every dtype that holds its values exactly
+# (fp16 holds the bf16 family's midpoints and Gaussians, not the wide exponent range). A
+# backend's ``input_dtypes`` narrows this; the oracle quantizes the same tensor.
+QUANTIZE_DTYPES = {
+    "bf16": (torch.float32, torch.bfloat16, torch.float16),
+    "amax": (torch.float32,),
+    "amax-bf16": (torch.float32, torch.bfloat16),
+    "inf-nan": (torch.float32, torch.bfloat16),
+}
+DEFAULT_INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _input_label(what: str, dtype: torch.dtype) -> str:
+    return f"{what} input" if dtype == torch.float32 else f"{what} input, {str(dtype).removeprefix('torch.')} tensor"
 
 
 def check_quantize(backend: Any, recipe: Recipe, gen: torch.Generator, numerics: Any = None) -> str | None:
     """The backend's quantization of x_row and w_row is bit-identical to the oracle's, on
-    each of QUANTIZE_INPUTS."""
+    each of QUANTIZE_INPUTS, in each tensor dtype of QUANTIZE_DTYPES the backend accepts
+    (``input_dtypes``). Every field the oracle's tensor has is compared."""
     if not hasattr(backend, "quantize"):
         return "backend has no quantize"
+    accepted = tuple(getattr(backend, "input_dtypes", DEFAULT_INPUT_DTYPES))
+    ran = 0
     for what, kw in QUANTIZE_INPUTS.items():
         for name, rows in (("x_row", _M), ("w_row", _N)):
             spec = recipe.spec(name)
-            t = training_like(gen, rows, _K, spec, **kw).to(_device(backend))
-            ours = quantize_operand(t, spec, **fresh_state(recipe, name))
-            # A quantizer may lack a feature (AITER: 2D blocks): it raises Refusal, which the
-            # suite counts as refused; any other exception is a failure.
-            theirs = backend.quantize(t, spec, **fresh_state(recipe, name))
-            for field in ("codes", "scales", "block_scales", "scale_inv"):
-                if hasattr(ours, field):
-                    _bitwise(numerics, getattr(theirs, field), getattr(ours, field), recipe=recipe.name,
-                             layer=f"{name}.{field} ({what} input)", direction="quantize")
+            values = training_like(gen, rows, _K, spec, **kw)
+            for dtype in (d for d in QUANTIZE_DTYPES[what] if d in accepted):
+                t = values.to(dtype).to(_device(backend))
+                ours = quantize_operand(t, spec, **fresh_state(recipe, name))
+                # A quantizer may lack a feature (AITER: 2D blocks): it raises Refusal, which the
+                # suite counts as refused; any other exception is a failure.
+                theirs = backend.quantize(t, spec, **fresh_state(recipe, name))
+                ran += 1
+                for field in ("codes", "scales", "block_scales", "scale_inv"):
+                    if hasattr(ours, field):
+                        _bitwise(numerics, getattr(theirs, field), getattr(ours, field), recipe=recipe.name,
+                                 layer=f"{name}.{field} ({_input_label(what, dtype)})", direction="quantize")
+    if not ran:
+        return f"backend input_dtypes={accepted} holds none of the input families' dtypes"
     return None
 
 
