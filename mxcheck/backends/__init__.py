@@ -20,14 +20,27 @@ from collections.abc import Callable, Iterator
 from importlib import metadata
 from typing import Any
 
-from mxcheck.backends.contract import Backend, MissingDependency, Refusal, version_problem
+from mxcheck.backends.contract import (
+    Backend,
+    FullBackend,
+    GemmBackend,
+    LinearBackend,
+    MissingDependency,
+    QuantizeBackend,
+    Refusal,
+    version_problem,
+)
 from mxcheck.backends.emulated import EmulatedBackend
 
 __all__ = [
     "ENTRY_POINT_GROUP",
     "Backend",
     "BackendLoadError",
+    "FullBackend",
+    "GemmBackend",
+    "LinearBackend",
     "MissingDependency",
+    "QuantizeBackend",
     "Refusal",
     "available_backends",
     "collapse_import_output",

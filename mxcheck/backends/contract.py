@@ -20,9 +20,17 @@ from __future__ import annotations
 
 import re
 from importlib import metadata
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-__all__ = ["Backend", "MissingDependency", "Refusal", "version_problem"]
+if TYPE_CHECKING:
+    import torch
+
+    from mxcheck.gemm import QTensor
+    from mxcheck.recipes import OperandSpec, Recipe
+    from mxcheck.scaling.fp8 import DelayedScaling
+
+__all__ = ["Backend", "FullBackend", "GemmBackend", "LinearBackend", "MissingDependency", "QuantizeBackend", "Refusal",
+           "version_problem"]
 
 
 class Refusal(ValueError):
@@ -97,6 +105,10 @@ class Backend(Protocol):
         Input dtypes ``quantize`` accepts (default float32, bfloat16, float16); each is fed.
     ``gemm_out_dtypes``
         Output dtypes ``gemm`` writes (default float32 only).
+    ``gemm_mxfp6_blob``
+        ``gemm_mxfp6_blob(a_blob, b_blob, a_scales, b_scales, m, n, k)``: a GEMM that reads
+        AITER's padded MXFP6 byte blobs directly (check_poison_guard_tiles feeds it blobs
+        whose guard tiles are 0xFF); without it the blobs are unpacked for ``gemm``.
     ``sr_bits``
         ``"oracle"`` if stochastic rounding takes its random bits from
         ``torch``'s default generator as the reference Function does (then SR results are
@@ -109,6 +121,60 @@ class Backend(Protocol):
         """(usable here?, why not). A :class:`MissingDependency` reason names a package."""
         ...
 
-    def supports(self, recipe: Any) -> tuple[bool, str]:
+    def supports(self, recipe: Recipe) -> tuple[bool, str]:
         """(does the backend compute this ``mxcheck.recipes.Recipe``?, why not)."""
         ...
+
+
+class QuantizeBackend(Backend, Protocol):
+    """A backend with a quantizer: judged bit for bit against the oracle (check_quantize,
+    poison_padding)."""
+
+    def quantize(self, x: torch.Tensor, spec: OperandSpec, *, state: DelayedScaling | None = None) -> QTensor:
+        """Quantize the 2D NT operand ``x`` [rows, K] along its last axis (the contraction
+        axis) as ``spec`` says, and return the oracle's type for ``spec.scaling``:
+
+        - ``"mx"``: ``mxcheck.MXTensor``; ``codes`` uint8, one code per element, shaped like x
+          (K padded when ``spec.pad_to``), the sign in the top bit of the element width;
+          ``scales`` uint8 biased E8M0, [rows, K / block_size] (2D blocks: one byte per tile,
+          repeated along the tile's rows as the oracle stores it).
+        - ``"nvfp4"``: ``mxcheck.NVFP4Tensor``; ``codes`` e2m1 uint8 shaped like x,
+          ``block_scales`` ue4m3 uint8 codes [rows, K / 16], ``tensor_scale`` float32.
+        - FP8 (``"tensor"``, ``"row"``, ``"block1x128"``, ``"block128x128"``, ``"delayed"``):
+          ``mxcheck.FP8Tensor``; ``codes`` uint8 fp8 codes shaped like x, ``scale_inv``
+          float32 dequantization multipliers: shape (), (rows, 1) or one per block.
+
+        Every field the oracle's tensor has is compared bit for bit (``codes``, ``scales``,
+        ``block_scales``, ``scale_inv``). ``pack()`` is the oracle's: fp4 two codes a byte,
+        the low nibble the even index; fp6 four codes in three bytes. ``state`` is the
+        operand's amax history for ``"delayed"`` specs (a ``DelayedScaling``), else None.
+        A spec or shape it cannot take: raise :class:`Refusal`.
+        """
+        ...
+
+
+class GemmBackend(Backend, Protocol):
+    """A backend with a GEMM: held to the fp32-accumulation bound of the exact product."""
+
+    def gemm(self, a: QTensor, b: QTensor, *, out_dtype: torch.dtype,
+             bias: torch.Tensor | None = None) -> torch.Tensor:
+        """``a[M, K] @ b[N, K]^T`` (NT) of two quantized operands as ``quantize`` returns
+        them, in ``out_dtype`` (one of the backend's ``gemm_out_dtypes``), shape [M, N]."""
+        ...
+
+
+class LinearBackend(Backend, Protocol):
+    """A backend with a whole quantized linear: fwd, dgrad, wgrad and bias gradient judged
+    against float64 truth and the reference Function."""
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, recipe: Recipe, *,
+               states: dict[str, DelayedScaling] | None = None) -> torch.Tensor:
+        """``x[..., K] @ weight[N, K]^T + bias`` in ``recipe.out_dtype``, autograd-capable:
+        gradients must reach the caller's ``x``, ``weight`` and ``bias``. ``states``: the
+        operand -> ``DelayedScaling`` map of a delayed-scaling recipe, kept by the caller
+        across steps; other recipes are called without it."""
+        ...
+
+
+class FullBackend(QuantizeBackend, GemmBackend, LinearBackend, Protocol):
+    """A backend with every method (the emulated backend is one)."""
