@@ -38,7 +38,10 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     )),
     ("transforms", ("mxcheck.hadamard",)),
     ("scaling", ("mxcheck.scaling",)),
-    ("recipes", ("mxcheck.recipes", "mxcheck.profiles")),
+    ("recipes", (
+        "mxcheck.recipes", "mxcheck.profiles",
+        "mxcheck.profile_base", "mxcheck.profile_kinds",  # the shared profile fields; NVFP4 and FP8 profiles
+    )),
     ("oracle ops", (
         "mxcheck.gemm", "mxcheck.functions",
         "mxcheck.trace_ops",  # the custom ops the reference Function announces itself through
