@@ -21,6 +21,7 @@ import torch
 
 from mxcheck.formats import get_format
 from mxcheck.hadamard import get_hadamard
+from mxcheck.profiles import ALL_PROFILES, get_profile, pin_problem, pinned_fields
 from mxcheck.scaling.fp8 import FP8_FORMATS, FP8_GRANULARITIES, SCALE_FORMULAS
 from mxcheck.scaling.mx import MX_ELEMENT_FORMATS
 from mxcheck.scaling.rules import SCALE_RULES
@@ -56,6 +57,7 @@ class OperandSpec:
     scale_formula: str = "te"
     margin: int = 0
     power_of_2: bool = False
+    profile: str | None = None  # quantized as this named profile does (mxcheck.profiles), bit for bit
 
     def __post_init__(self) -> None:
         get_format(self.fmt)
@@ -73,6 +75,8 @@ class OperandSpec:
         if self.scale_formula not in SCALE_FORMULAS:
             raise ValueError(f"scale_formula={self.scale_formula!r}; expected one of {sorted(SCALE_FORMULAS)}")
         get_hadamard(self.hadamard)
+        if self.profile is not None and (bad := pin_problem(self)):
+            raise ValueError(f"OperandSpec: {bad}")
 
     @property
     def quantized(self) -> bool:
@@ -107,6 +111,23 @@ class Recipe:
         """The same recipe with stochastic rounding on both gradient copies (g_row, g_col)."""
         return replace(self, name=f"{self.name}+sr", g_row=replace(self.g_row, rounding="sr"),
                        g_col=replace(self.g_col, rounding="sr"))
+
+    def with_profile(self, profile: str) -> Recipe:
+        """The recipe with every operand of the profile's scaling kind pinned to it (named
+        ``recipe@profile``); the profile's scale rule, rounding, zero byte and rotation replace
+        the spec's. ValueError where no operand has that kind or a spec cannot be pinned."""
+        p = get_profile(profile)
+        ops = [op for op in OPERANDS if self.spec(op).scaling == p.scaling]
+        if not ops:
+            raise ValueError(f"recipe {self.name} has no operand of scaling {p.scaling!r} for profile {p.name} "
+                             f"to pin; its operands: {', '.join(f'{op}={self.spec(op).scaling}' for op in OPERANDS)}")
+        pinned = {}
+        for op in ops:
+            try:
+                pinned[op] = replace(self.spec(op), **pinned_fields(p))
+            except ValueError as e:
+                raise ValueError(f"recipe {self.name} operand {op}: {e}") from None
+        return replace(self, name=f"{self.name}@{p.name}", **pinned)
 
     def check_shape(self, m: int, n: int, k: int, layer: str = "linear") -> None:
         """ValueError naming the layer and the dims a recipe cannot take."""
@@ -190,9 +211,19 @@ DERIVED_RECIPES: dict[str, Recipe] = {r.name: r for r in (
 
 
 def get_recipe(recipe: str | Recipe) -> Recipe:
-    """A recipe by name: one of RECIPES or of DERIVED_RECIPES (``mxfp4+sr``, ...)."""
+    """A recipe by name: one of RECIPES or of DERIVED_RECIPES (``mxfp4+sr``, ...), or
+    ``NAME@PROFILE`` (``mxfp8@torchao.floor``): that recipe pinned to a profile."""
     if isinstance(recipe, Recipe):
         return recipe
+    if isinstance(recipe, str) and "@" in recipe:  # NAME@PROFILE: Recipe.with_profile
+        base, _, profile = recipe.partition("@")
+        if base not in RECIPES and base not in DERIVED_RECIPES:
+            raise ValueError(f"recipe={recipe!r}: {base!r} is not a known recipe; expected one of "
+                             f"{sorted(RECIPES)} or {sorted(DERIVED_RECIPES)}, then @ and a profile")
+        if profile not in ALL_PROFILES:
+            raise ValueError(f"recipe={recipe!r}: {profile!r} is not a known profile; known profiles: "
+                             f"{', '.join(ALL_PROFILES)}")
+        return get_recipe(base).with_profile(profile)
     if isinstance(recipe, str) and recipe in DERIVED_RECIPES:
         return DERIVED_RECIPES[recipe]
     if recipe not in RECIPES:
