@@ -4,6 +4,7 @@ CPU), on inputs where the convention changes bits."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import replace
 from fractions import Fraction
@@ -50,7 +51,7 @@ def _ties(fmt_name: str) -> list[tuple[float, int]]:
     pos = sorted((Fraction(v), c) for c, v in enumerate(table)
                  if math.isfinite(v) and v >= 0 and not (c & fmt.sign_mask))
     out = []
-    for (lo, lo_code), (hi, _) in zip(pos, pos[1:], strict=False):
+    for (lo, lo_code), (hi, _) in itertools.pairwise(pos):
         mid = (lo + hi) / 2
         out += [(float(mid), lo_code), (-float(mid), lo_code | fmt.sign_mask)]
     return out
@@ -154,7 +155,8 @@ def _nvfp4_battery(gen: torch.Generator) -> torch.Tensor:
 
 def test_torchao_nvfp4_profile_is_torchao_018_nvfp4_quantize_bit_for_bit(gen):
     from torchao.prototype.mx_formats.kernels import unpack_uint4
-    from torchao.prototype.mx_formats.nvfp4_tensor import nvfp4_quantize as ao_nvfp4, per_tensor_amax_to_scale
+    from torchao.prototype.mx_formats.nvfp4_tensor import nvfp4_quantize as ao_nvfp4
+    from torchao.prototype.mx_formats.nvfp4_tensor import per_tensor_amax_to_scale
 
     x = _nvfp4_battery(gen)
     for dtype in (torch.float32, torch.bfloat16):
@@ -215,6 +217,28 @@ def test_torchao_nvfp4_element_scale_divides_by_the_product_or_multiplies_by_the
     assert q.codes.tolist() == [_e2m1_rne(r) for r in scaled.astype(F32)]
     other = get_profile("torchao.nvfp4" if divide else "torchao0.16.nvfp4").quantized(x)
     assert int((other.codes != q.codes).sum()) > 0  # the input tells the two apart
+
+
+def test_nvfp4_block_scale_quotient_and_product_round_as_torchao_and_modelopt_do():
+    # torchao: (max_abs / 6) / per_tensor_scale; ModelOpt: max_abs / (6 * sf2): block amaxes
+    # planted on (and a few ulps around) 6 * ts * an e4m3 midpoint, where the two float32
+    # roundings cast to different e4m3 codes. Expected codes: numpy float32 and ml_dtypes.
+    amax = F32(1000.0)
+    ts = F32(amax / F32(2688))
+    table = decode_table("e4m3").numpy()
+    pos = np.unique(table[(table > 0) & np.isfinite(table)])
+    vmax = np.array([F32(F32(m) * F32(6) * ts) for m in (pos[10:42] + pos[11:43]) / 2], dtype=F32)
+    vmax = np.concatenate([vmax + F32(d) * np.spacing(vmax) for d in range(-3, 4)]).astype(F32)
+    x = torch.zeros(len(vmax), 16)
+    x[:, 0] = torch.from_numpy(vmax)
+    x[0, 1] = float(amax)
+    quotient = _e4m3((vmax / F32(6)).astype(F32) / ts).view(np.uint8)
+    product = _e4m3(vmax / (F32(6) * ts)).view(np.uint8)
+    assert int((quotient != product).sum()) > 0  # the input tells the two apart
+    rows = np.arange(1, len(vmax))  # row 0 holds the tensor amax as well
+    for name, want in (("torchao.nvfp4", quotient), ("modelopt.nvfp4", product)):
+        got = get_profile(name).quantized(x).block_scales[:, 0].numpy()
+        assert got[rows].tolist() == want[rows].tolist(), name
 
 
 def test_modelopt_nvfp4_floors_block_scales_at_2_pow_minus_9_and_sets_zero_blocks_to_one(gen):
