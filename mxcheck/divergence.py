@@ -212,7 +212,7 @@ def divergence(a: str | Profile, b: str | Profile, *, inputs: str = "standard", 
     both profiles share is applied by neither: the battery then stands for the rotated
     values, so a planted amax lands where the scale rule sees it.
     """
-    a, b = get_profile(a), get_profile(b)
+    a, b = get_profile(a, scaling="mx"), get_profile(b, scaling="mx")
     if inputs != "standard":
         raise ValueError(f"inputs={inputs!r}; expected 'standard'")
     f = _common_format(a, b, fmt)

@@ -33,7 +33,7 @@ __all__ = [
 ]
 
 NanStyle = Literal["none", "ieee", "ocp", "fnuz"]
-Rounding = Literal["rne", "half_away", "sr", "trunc"]
+Rounding = Literal["rne", "half_away", "half_zero", "sr", "trunc"]
 
 
 @dataclass(frozen=True)
@@ -178,6 +178,11 @@ def _away_half_away(q, rem, shift, u):
     return rem >= half
 
 
+def _away_half_zero(q, rem, shift, u):
+    half = torch.ones_like(rem) << (shift.clamp(min=1) - 1)
+    return rem > half
+
+
 def _away_trunc(q, rem, shift, u):
     return torch.zeros_like(rem, dtype=torch.bool)
 
@@ -192,6 +197,7 @@ def _away_sr(q, rem, shift, u):
 ROUNDINGS: dict[str, Callable] = {
     "rne": _away_rne,
     "half_away": _away_half_away,
+    "half_zero": _away_half_zero,
     "sr": _away_sr,
     "trunc": _away_trunc,
 }
@@ -300,6 +306,12 @@ def _round_int_half_away(t, u):
     return r.add_(t.sub_(r) >= 0.5)
 
 
+def _round_int_half_zero(t, u):
+    # ties toward zero: as half_away, but only a fraction above one half rounds up
+    r = torch.floor(t)
+    return r.add_(t.sub_(r) > 0.5)
+
+
 def _round_int_trunc(t, u):
     return t.floor_()
 
@@ -310,7 +322,7 @@ def _round_int_sr(t, u):
     return torch.floor(t.to(torch.float64) + u).to(torch.float32)
 
 
-_ROUND_TO_INT = {"rne": _round_int_rne, "half_away": _round_int_half_away,
+_ROUND_TO_INT = {"rne": _round_int_rne, "half_away": _round_int_half_away, "half_zero": _round_int_half_zero,
                  "trunc": _round_int_trunc, "sr": _round_int_sr}
 
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from mxcheck.formats import FloatFormat, decode_table, get_format
+from mxcheck.profiles import get_profile
 from mxcheck.recipes import OperandSpec
 from mxcheck.scaling import (
     DelayedScaling,
@@ -99,7 +100,7 @@ def quantize_operand(
     ``rand``: uint8 random bits shaped like x, required when ``spec.rounding == "sr"``
     and refused otherwise. ``state``: the operand's ``DelayedScaling``, required for
     ``spec.scaling == "delayed"`` (it carries the amax history across steps, so it cannot
-    be made here).
+    be made here). ``spec.profile``: the named profile's bits, in the same tensor type.
     """
     if not isinstance(spec, OperandSpec):
         raise TypeError(f"spec must be an OperandSpec, got {type(spec).__name__}")
@@ -115,6 +116,8 @@ def quantize_operand(
         raise ValueError(f"state was given but spec {_describe(spec)} is not delayed scaling")
     if spec.scaling not in ("mx", "nvfp4", "none") and spec.hadamard is not None:
         raise ValueError(f"spec {_describe(spec)}: FP8 scaling takes no Hadamard rotation here")
+    if spec.profile is not None:  # the profile's bits, in the tensor type of its scaling
+        return get_profile(spec.profile).quantized(x, spec.fmt)
     if spec.scaling == "mx":
         return mx_quantize(x, spec.fmt, block_size=spec.block_size, axis=-1, scale_rule=spec.scale_rule,
                            rounding=spec.rounding, block_2d=spec.block_2d, hadamard=spec.hadamard,

@@ -1,6 +1,11 @@
-"""Profiles: MX quantizers pinned to one implementation's exact bits, quirks included.
+"""Profiles: quantizers pinned to one implementation's exact bits, quirks included.
 
-A profile is ``mx_quantize`` (scale rule, rounding, zero-block byte, rotation) plus the
+Three kinds share one vocabulary (``mxcheck.profile_base.ProfileBase``: element format,
+rounding, rotation, zero sign, source) and one lookup (``get_profile``): MX
+(:class:`Profile`, here), NVFP4 and FP8 tensorwise (``mxcheck.profile_kinds``). An
+``OperandSpec`` pinned to a profile (``profile=``) is quantized as that profile does.
+
+An MX profile is ``mx_quantize`` (scale rule, rounding, zero-block byte, rotation) plus the
 few places where a real implementation gives other bits. Each quirk is a field holding
 data and one small function below that adjusts ``mx_quantize``'s scale bytes or re-encodes
 the blocks whose decode scale changed; none repeats ``mx_quantize``'s own logic.
@@ -8,7 +13,9 @@ the blocks whose decode scale changed; none repeats ``mx_quantize``'s own logic.
 Quirk fields (defaults = OCP MX v1.0 as ``mx_quantize`` does it):
 
 - ``exponent_source``: ``"bits"`` reads amax's float32 exponent field; ``"log2_fp32"``
-  takes ``floor``/``ceil`` of a float32 ``torch.log2`` (one binade high at nextbelow(2^k)).
+  takes ``floor``/``ceil``/``rceil`` of a float32 ``torch.log2`` (one binade high at
+  nextbelow(2^k)); ``"log2_input"`` the same in the input's own dtype (a bf16 ``log2``
+  rounds to 8 bits: log2(255) is 8.0), as torchao 0.7-0.9's ``to_mx`` on a bf16 tensor.
 - ``amax_floor``: ``log2`` of ``max(amax, amax_floor)`` (AITER's Triton packer: 1e-30).
 - ``inf_amax_byte``: the scale byte of a block whose amax is Inf (None: the rule's arithmetic).
 - ``nan_policy``: ``"block"`` NaN poisons the block (byte 255); ``"ignore"`` an ``fmaxf``
@@ -18,6 +25,8 @@ Quirk fields (defaults = OCP MX v1.0 as ``mx_quantize`` does it):
   correctly rounded quotient. On every MX element format this changes no byte (pinned).
 - ``subnormal_scale_clamp``: the float32 decode scale a byte-0 block is divided by instead
   of 2^-127 (torchao FLOOR: 2^-126; torchao RCEIL CPU: 1.0, which zeroes the block).
+- ``zero_sign`` (shared, see ``profile_base``) and ``rounding`` (any of ``ROUNDINGS`` but SR,
+  ``half_zero`` included).
 """
 
 from __future__ import annotations
@@ -25,64 +34,51 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, fields
+from typing import ClassVar
 
 import torch
 
-from mxcheck.formats import ROUNDINGS, FloatFormat, encode_bits_float, get_format
+from mxcheck.formats import FloatFormat, encode_bits_float
 from mxcheck.hadamard import apply_hadamard, get_hadamard
 from mxcheck.nan_blocks import nan_block_codes
+from mxcheck.profile_base import ProfileBase, apply_zero_sign
+from mxcheck.profile_kinds import FP8_PROFILES, NVFP4_PROFILES, FP8Profile, NVFP4Profile
 from mxcheck.scaling.blocks import block_amax
-from mxcheck.scaling.mx import MX_ELEMENT_FORMATS, e8m0_reciprocal, mx_quantize
+from mxcheck.scaling.mx import MX_ELEMENT_FORMATS, MXTensor, e8m0_reciprocal, mx_quantize
 from mxcheck.scaling.rules import E8M0_NAN, SCALE_RULES
 
-__all__ = ["EXPONENT_SOURCES", "NAN_POLICIES", "PROFILES", "QUIRK_FIELDS", "Profile", "get_profile"]
+__all__ = ["ALL_PROFILES", "EXPONENT_SOURCES", "FP8_PROFILES", "NAN_POLICIES", "NVFP4_PROFILES", "PROFILES",
+           "QUIRK_FIELDS", "AnyProfile", "FP8Profile", "NVFP4Profile", "Profile", "get_profile", "pin_problem",
+           "pinned_fields"]
 
-EXPONENT_SOURCES = ("bits", "log2_fp32")
+EXPONENT_SOURCES = ("bits", "log2_fp32", "log2_input")
 NAN_POLICIES = ("block", "ignore", "zero_scale")
 
 
 @dataclass(frozen=True)
-class Profile:
+class Profile(ProfileBase):
     """An MX quantizer pinned to one implementation (1D blocks along the last axis).
 
     ``fmt=None`` makes a family (``ocp``, ``torchao.floor``): pass the element format
     to ``quantize``. ``hadamard`` rotates before scaling, as ``mx_quantize`` does.
     """
 
-    name: str
-    fmt: str | None = None
     block_size: int = 32
     scale_rule: str = "floor"
-    rounding: str = "rne"
     zero_scale: int = 0
-    hadamard: str | None = None
     exponent_source: str = "bits"
     amax_floor: float | None = None
     inf_amax_byte: int | None = None
     nan_policy: str = "block"
     rceil_reciprocal: bool = False
     subnormal_scale_clamp: float | None = None
-    source: str = ""
-    notes: tuple[str, ...] = ()
 
-    def __post_init__(self) -> None:
-        bad = _check_profile(self)
-        if bad:
-            raise ValueError(f"profile {self.name!r}: {bad}")
+    scaling: ClassVar[str] = "mx"
+    formats: ClassVar[tuple[str, ...]] = MX_ELEMENT_FORMATS
+    spec_fields: ClassVar[tuple[str, ...]] = ("scale_rule", "rounding", "zero_scale", "hadamard", "block_size")
 
-    def __str__(self) -> str:
-        return self.name
-
-    def element_format(self, fmt: str | FloatFormat | None = None) -> FloatFormat:
-        """The element format: the profile's own, or ``fmt`` for a family."""
-        if fmt is None and self.fmt is None:
-            raise ValueError(f"profile {self.name!r} is a family: pass fmt, one of {list(MX_ELEMENT_FORMATS)}")
-        f = get_format(fmt if fmt is not None else self.fmt)
-        if self.fmt is not None and f.name != self.fmt:
-            raise ValueError(f"profile {self.name!r} is pinned to {self.fmt}, got fmt={f.name!r}")
-        if f.name not in MX_ELEMENT_FORMATS:
-            raise ValueError(f"fmt={f.name!r} is not an MX element format; expected one of {list(MX_ELEMENT_FORMATS)}")
-        return f
+    def _check(self) -> str:
+        return _check_profile(self)
 
     def quantize(self, x: torch.Tensor, fmt: str | FloatFormat | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(codes, scales) as the implementation makes them: uint8 element codes shaped
@@ -94,6 +90,8 @@ class Profile:
         q = mx_quantize(clean, f, block_size=self.block_size, scale_rule=self.scale_rule,
                         rounding=self.rounding, zero_scale=self.zero_scale)
         amax = block_amax(clean, 1, self.block_size)
+        if self.exponent_source == "log2_input":
+            amax = amax.to(clean.dtype)  # exact: amax is one of clean's elements
         scales = q.scales
         for applies, quirk in _SCALE_QUIRKS:
             if applies(self):
@@ -103,26 +101,30 @@ class Profile:
             codes = _clamp_byte_zero_blocks(self, clean, f, codes, scales)
         if self.nan_policy != "block":
             codes = _nan_element_codes(xs, f, codes, scales, self.block_size)
+        codes = apply_zero_sign(self.zero_sign, clean, codes, f, _per_element(scales != E8M0_NAN, self.block_size))
         return codes, scales
+
+    def quantized(self, x: torch.Tensor, fmt: str | FloatFormat | None = None) -> MXTensor:
+        """``quantize`` as the MXTensor ``mx_quantize`` would return (blocks along the last axis)."""
+        f = self.element_format(fmt)
+        codes, scales = self.quantize(x, f)
+        return MXTensor(codes=codes, scales=scales, fmt=f, block_size=self.block_size, axis=x.ndim - 1,
+                        shape=tuple(x.shape), scale_rule=self.scale_rule, rounding=self.rounding,
+                        hadamard=get_hadamard(self.hadamard), zero_scale=self.zero_scale)
 
 
 def _check_profile(p: Profile) -> str:
-    """What is wrong with a profile's fields, or ""."""
-    if p.fmt is not None and p.fmt not in MX_ELEMENT_FORMATS:
-        return f"fmt={p.fmt!r}; expected None (a family) or one of {list(MX_ELEMENT_FORMATS)}"
+    """What is wrong with an MX profile's own fields, or ""."""
     if p.scale_rule not in SCALE_RULES:
         return f"scale_rule={p.scale_rule!r}; expected one of {sorted(SCALE_RULES)}"
-    if p.rounding not in ROUNDINGS or p.rounding == "sr":
-        return (f"rounding={p.rounding!r}; expected one of {sorted(set(ROUNDINGS) - {'sr'})} (SR bits "
-                "come from each implementation's own RNG, which a profile does not model)")
     if not 0 <= p.zero_scale <= 254:
         return f"zero_scale={p.zero_scale!r}; expected an E8M0 byte in [0, 254]"
     if p.exponent_source not in EXPONENT_SOURCES:
         return f"exponent_source={p.exponent_source!r}; expected one of {list(EXPONENT_SOURCES)}"
-    if p.exponent_source == "log2_fp32" and p.scale_rule not in _LOG2_RULES:
-        return f"exponent_source='log2_fp32' takes scale_rule in {sorted(_LOG2_RULES)}, got {p.scale_rule!r}"
-    if p.amax_floor is not None and (p.exponent_source != "log2_fp32" or not p.amax_floor > 0):
-        return f"amax_floor={p.amax_floor!r} needs exponent_source='log2_fp32' and a value > 0"
+    if p.exponent_source != "bits" and p.scale_rule not in _LOG2_RULES:
+        return f"exponent_source={p.exponent_source!r} takes scale_rule in {sorted(_LOG2_RULES)}, got {p.scale_rule!r}"
+    if p.amax_floor is not None and (p.exponent_source == "bits" or not p.amax_floor > 0):
+        return f"amax_floor={p.amax_floor!r} needs a log2 exponent_source and a value > 0"
     if p.inf_amax_byte is not None and not 0 <= p.inf_amax_byte <= 255:
         return f"inf_amax_byte={p.inf_amax_byte!r}; expected None or a byte in [0, 255]"
     if p.nan_policy not in NAN_POLICIES:
@@ -132,24 +134,31 @@ def _check_profile(p: Profile) -> str:
     clamp = p.subnormal_scale_clamp
     if clamp is not None and not (clamp > 0 and math.frexp(clamp)[0] == 0.5):
         return f"subnormal_scale_clamp={clamp!r}; expected None or a positive power of two"
-    get_hadamard(p.hadamard)
     return ""
 
 
 # ---- scale quirks: (profile, block amax, fmt, scales, NaN mask) -> scales ------------
 
 
+# log2 in amax's own dtype (float32, or the input's for log2_input); integers up to 2^8 are
+# exact in bf16, so the result is widened only after floor/ceil.
 def _log2_floor(amax: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
-    return torch.floor(torch.log2(amax)) - fmt.emax
+    return torch.floor(torch.log2(amax)).float() - fmt.emax
+
+
+def _log2_ceil(amax: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
+    # torchao 0.9.0 to_mx CEIL: ceil(log2(max_abs + eps)) - target_max_pow2 (mx_tensor.py @14cfbc74)
+    return torch.ceil(torch.log2(amax)).float() - fmt.emax
 
 
 def _log2_rceil(amax: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
     # torchao 0.18 _to_mx_rceil CPU fallback: ceil(log2(max_abs / max_pos)), float32 throughout.
-    return torch.ceil(torch.log2(amax / fmt.max))
+    return torch.ceil(torch.log2(amax / fmt.max)).float()
 
 
 _LOG2_RULES: dict[str, Callable[[torch.Tensor, FloatFormat], torch.Tensor]] = {
     "floor": _log2_floor,
+    "ceil": _log2_ceil,
     "rceil": _log2_rceil,
 }
 
@@ -186,7 +195,7 @@ def _nan_as_zero_block(p: Profile, amax, fmt, scales, nan):
 
 
 _SCALE_QUIRKS = (
-    (lambda p: p.exponent_source == "log2_fp32", _log2_exponent),
+    (lambda p: p.exponent_source != "bits", _log2_exponent),
     (lambda p: p.rceil_reciprocal, _reciprocal_rceil),
     (lambda p: p.inf_amax_byte is not None, _inf_amax),
     (lambda p: p.nan_policy == "zero_scale", _nan_as_zero_block),
@@ -294,6 +303,16 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
                    "util/ptx_arch_spec.cuh::float_to_e8m0 @d0067d0",
             notes=("cvt.rp.satfinite.ue8m0x2.f32: Inf -> 0xFE; fmaxf amax ignores NaN; NaN element -> 0x7F",
                    "exp2f_rcp(0) = 2^127: byte-0 blocks are exact")),
+    Profile("torchao0.7.floor", exponent_source="log2_input", subnormal_scale_clamp=2.0**-126,
+            source="pytorch/ao v0.7.0 @f04aec72 (and v0.8.0 @192eed5e) torchao/prototype/mx_formats/mx_tensor.py::to_mx",
+            notes=("max_abs = amax(abs(data_hp)) in the input's dtype; floor(log2(max_abs + eps)) in that dtype: "
+                   "for bf16 input log2 rounds to 8 bits (log2(255) = 8.0, one binade high), for float32 input "
+                   "the float32 hazard of log2_fp32", "scale_fp clamped to F32_MIN_NORMAL, as torchao.floor")),
+    Profile("torchao0.9.ceil", scale_rule="ceil", exponent_source="log2_input", subnormal_scale_clamp=2.0**-126,
+            source="pytorch/ao v0.9.0 @14cfbc74 torchao/prototype/mx_formats/mx_tensor.py::to_mx "
+                   "(ScaleCalculationMode.CEIL)",
+            notes=("ceil(log2(max_abs + eps)) in the input's dtype: a float32 (or bf16) log2 that rounds to k "
+                   "just above 2^k gives a scale one binade low", "later releases read the exponent bits")),
     Profile("microxcaling", exponent_source="log2_fp32", rounding="half_away", inf_amax_byte=255,
             source="microsoft/microxcaling mx/mx_ops.py::_quantize_mx, _shared_exponents @7bc4195",
             notes=("Python path (the project's golden reference), round='nearest' (half away)",
@@ -302,13 +321,60 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
 )}
 
 
-def get_profile(profile: str | Profile) -> Profile:
-    """A profile by name (or the profile itself); ValueError listing the known names."""
-    if isinstance(profile, Profile):
-        return profile
-    if profile not in PROFILES:
-        raise ValueError(f"profile {profile!r} is not known; known profiles: {', '.join(PROFILES)}")
-    return PROFILES[profile]
+AnyProfile = Profile | NVFP4Profile | FP8Profile
+ALL_PROFILES: dict[str, AnyProfile] = {**PROFILES, **NVFP4_PROFILES, **FP8_PROFILES}
+"""Every named profile, MX first; ``get_profile`` looks names up here."""
+
+
+def get_profile(profile: str | AnyProfile, scaling: str | None = None) -> AnyProfile:
+    """A profile by name (or the profile itself); ValueError listing the known names.
+    ``scaling`` (e.g. "mx"): refuse a profile of another kind."""
+    p = profile if isinstance(profile, ProfileBase) else ALL_PROFILES.get(profile) if isinstance(profile, str) else None
+    if p is None:
+        raise ValueError(f"profile {profile!r} is not known; known profiles: {', '.join(ALL_PROFILES)}")
+    if scaling is not None and p.scaling != scaling:
+        same = [n for n, q in ALL_PROFILES.items() if q.scaling == scaling]
+        raise ValueError(f"profile {p.name!r} pins scaling {p.scaling!r}, not {scaling!r}; "
+                         f"{scaling!r} profiles: {', '.join(same)}")
+    return p
+
+
+def pin_problem(spec) -> str:
+    """What is wrong with pinning an OperandSpec to ``spec.profile``, or "" (the spec's own
+    fields are checked already). Read by ``OperandSpec.__post_init__``."""
+    name = spec.profile
+    p = ALL_PROFILES.get(name) if isinstance(name, str) else None
+    if p is None:
+        return f"profile={name!r} is not known; known profiles: {', '.join(ALL_PROFILES)}"
+    if spec.scaling != p.scaling:
+        same = [n for n, q in ALL_PROFILES.items() if q.scaling == spec.scaling] or ["none"]
+        return (f"profile={name!r} pins scaling {p.scaling!r}, but scaling={spec.scaling!r}; set "
+                f"scaling={p.scaling!r}, or pin a {spec.scaling!r} profile ({', '.join(same)})")
+    if p.fmt is not None and p.fmt != spec.fmt:
+        return (f"profile={name!r} is pinned to fmt={p.fmt!r}, but fmt={spec.fmt!r}; set fmt={p.fmt!r} "
+                "or pin a profile of that format")
+    for field, shape in (("block_2d", True), ("pad_to", None)):
+        value = getattr(spec, field)
+        if (value is True) if shape else (value is not None):
+            return (f"{field}={value!r} with profile={name!r}: profiles quantize unpadded 1D blocks along the "
+                    f"contraction axis; drop {field} or the profile")
+    for field in p.spec_fields:
+        have, want = getattr(spec, field), getattr(p, field)
+        if have != want:
+            return (f"{field}={have!r} disagrees with profile {name!r}, which has {field}={want!r}; set "
+                    f"{field}={want!r} (Recipe.with_profile does) or drop the profile")
+    for field, want in p.spec_defaults.items():
+        if getattr(spec, field) != want:
+            return (f"{field}={getattr(spec, field)!r} with profile={name!r}, which models {field}={want!r} "
+                    "only; set it so or drop the profile")
+    return ""
+
+
+def pinned_fields(profile: str | AnyProfile) -> dict[str, object]:
+    """The OperandSpec fields that pin a spec to the profile: ``profile=`` and the spec
+    fields the profile repeats (scale rule, rounding, zero byte, rotation, ...)."""
+    p = get_profile(profile)
+    return {"profile": p.name, **{f: getattr(p, f) for f in p.spec_fields}}
 
 
 QUIRK_FIELDS = tuple(f.name for f in fields(Profile) if f.name not in ("name", "source", "notes"))

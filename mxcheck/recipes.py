@@ -22,6 +22,7 @@ import torch
 
 from mxcheck.formats import get_format
 from mxcheck.hadamard import get_hadamard
+from mxcheck.profiles import ALL_PROFILES, get_profile, pin_problem, pinned_fields
 from mxcheck.scaling.fp8 import FP8_FORMATS, FP8_GRANULARITIES, SCALE_FORMULAS
 from mxcheck.scaling.mx import MX_ELEMENT_FORMATS
 from mxcheck.scaling.rules import SCALE_RULES
@@ -57,6 +58,7 @@ class OperandSpec:
     scale_formula: str = "te"
     margin: int = 0
     power_of_2: bool = False
+    profile: str | None = None  # quantized as this named profile does (mxcheck.profiles), bit for bit
 
     def __post_init__(self) -> None:
         get_format(self.fmt)
@@ -74,6 +76,8 @@ class OperandSpec:
         if self.scale_formula not in SCALE_FORMULAS:
             raise ValueError(f"scale_formula={self.scale_formula!r}; expected one of {sorted(SCALE_FORMULAS)}")
         get_hadamard(self.hadamard)
+        if self.profile is not None and (bad := pin_problem(self)):
+            raise ValueError(f"OperandSpec: {bad}")
 
     @property
     def quantized(self) -> bool:
@@ -108,6 +112,23 @@ class Recipe:
         """The same recipe with stochastic rounding on both gradient copies (g_row, g_col)."""
         return replace(self, name=f"{self.name}+sr", g_row=replace(self.g_row, rounding="sr"),
                        g_col=replace(self.g_col, rounding="sr"))
+
+    def with_profile(self, profile: str) -> Recipe:
+        """The recipe with every operand of the profile's scaling kind pinned to it (named
+        ``recipe@profile``); the profile's scale rule, rounding, zero byte and rotation replace
+        the spec's. ValueError where no operand has that kind or a spec cannot be pinned."""
+        p = get_profile(profile)
+        ops = [op for op in OPERANDS if self.spec(op).scaling == p.scaling]
+        if not ops:
+            raise ValueError(f"recipe {self.name} has no operand of scaling {p.scaling!r} for profile {p.name} "
+                             f"to pin; its operands: {', '.join(f'{op}={self.spec(op).scaling}' for op in OPERANDS)}")
+        pinned = {}
+        for op in ops:
+            try:
+                pinned[op] = replace(self.spec(op), **pinned_fields(p))
+            except ValueError as e:
+                raise ValueError(f"recipe {self.name} operand {op}: {e}") from None
+        return replace(self, name=f"{self.name}@{p.name}", **pinned)
 
     def check_shape(self, m: int, n: int, k: int, layer: str = "linear") -> None:
         """ValueError naming the layer and the dims a recipe cannot take."""
@@ -201,14 +222,29 @@ DERIVED_RECIPES: dict[str, Recipe] = {r.name: r for r in (
 
 
 def get_recipe(recipe: str | Recipe) -> Recipe:
-    """A recipe by name: one of RECIPES, DERIVED_RECIPES (``mxfp4+sr``, ...) or OCP_MX_RECIPES."""
+    """A recipe by name: one of RECIPES, DERIVED_RECIPES (``mxfp4+sr``, ...) or OCP_MX_RECIPES,
+    or ``NAME@PROFILE`` (``mxfp8@torchao.floor``): that recipe pinned to a profile. An unknown
+    name is a ValueError naming the nearest known one."""
     if isinstance(recipe, Recipe):
         return recipe
-    for table in (RECIPES, DERIVED_RECIPES, OCP_MX_RECIPES):
+    tables = (RECIPES, DERIVED_RECIPES, OCP_MX_RECIPES)
+    known = [name for table in tables for name in table]
+    if isinstance(recipe, str) and "@" in recipe:  # NAME@PROFILE: Recipe.with_profile
+        base, _, profile = recipe.partition("@")
+        if base not in known:
+            raise ValueError(f"recipe={recipe!r}: {base!r} is not a known recipe{_did_you_mean(base, known)}; "
+                             f"expected one of {sorted(known)}, then @ and a profile")
+        if profile not in ALL_PROFILES:
+            raise ValueError(f"recipe={recipe!r}: {profile!r} is not a known profile"
+                             f"{_did_you_mean(profile, list(ALL_PROFILES))}; known profiles: {', '.join(ALL_PROFILES)}")
+        return get_recipe(base).with_profile(profile)
+    for table in tables:
         if isinstance(recipe, str) and recipe in table:
             return table[recipe]
-    known = [*RECIPES, *DERIVED_RECIPES, *OCP_MX_RECIPES]
-    close = difflib.get_close_matches(str(recipe), known, n=1)
-    hint = f"did you mean {close[0]!r}? " if close else ""
-    raise ValueError(f"recipe={recipe!r} is not known; {hint}expected one of {sorted(RECIPES)}, "
-                     f"{sorted(OCP_MX_RECIPES)} or {sorted(DERIVED_RECIPES)}")
+    raise ValueError(f"recipe={recipe!r} is not known{_did_you_mean(str(recipe), known)}; expected one of "
+                     f"{sorted(RECIPES)}, {sorted(OCP_MX_RECIPES)} or {sorted(DERIVED_RECIPES)}")
+
+
+def _did_you_mean(name: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(name, known, n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""

@@ -72,6 +72,8 @@ def _round_up(lo: Fraction, hi: Fraction, a: Fraction, lo_sig_odd: bool, roundin
         return False
     if rounding == "half_away":
         return a - lo >= hi - a
+    if rounding == "half_zero":
+        return a - lo > hi - a
     if rounding == "rne":
         return a - lo > hi - a or (a - lo == hi - a and lo_sig_odd)
     if rounding == "sr":

@@ -976,7 +976,7 @@ def test_decode_table_refuses_a_dtype_that_is_not_floating_point(dtype):
 
 @pytest.mark.parametrize("rounding", ["nearest", "RNE", "stochastic", "floor", ""])
 def test_unknown_rounding_is_a_value_error(rounding):
-    with pytest.raises(ValueError, match=rf"rounding={rounding!r} is not known; expected one of \['half_away', 'rne', 'sr', 'trunc'\]"):
+    with pytest.raises(ValueError, match=rf"rounding={rounding!r} is not known; expected one of \['half_away', 'half_zero', 'rne', 'sr', 'trunc'\]"):
         encode(torch.zeros(2), "e4m3", rounding=rounding)
 
 

@@ -38,9 +38,11 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     )),
     ("transforms", ("mxcheck.hadamard",)),
     ("scaling", ("mxcheck.scaling",)),
-    ("recipes", ("mxcheck.recipes", "mxcheck.profiles",
-                 "mxcheck.recipe_files",  # recipes read from YAML/TOML, and the claim resolver
-                 )),
+    ("recipes", (
+        "mxcheck.recipes", "mxcheck.profiles",
+        "mxcheck.profile_base", "mxcheck.profile_kinds",  # the shared profile fields; NVFP4 and FP8 profiles
+        "mxcheck.recipe_files",  # recipes read from YAML/TOML, and the claim resolver
+    )),
     ("oracle ops", (
         "mxcheck.gemm", "mxcheck.functions",
         "mxcheck.trace_ops",  # the custom ops the reference Function announces itself through

@@ -124,6 +124,23 @@ def _global_encode_scale(amax: torch.Tensor) -> torch.Tensor:
     return torch.where((amax == 0) | (s_enc == 0), torch.ones_like(s_enc), s_enc)
 
 
+def te_block_scale(vec_max: torch.Tensor, s_enc: torch.Tensor) -> torch.Tensor:
+    """float32 block scale before its ue4m3 cast: vec_max * (S_enc * fl32(1/6)), min FLT_MAX."""
+    return torch.minimum(vec_max * (s_enc * _f32(_RCP_E2M1_MAX)), _f32(_FLT_MAX))
+
+
+def te_encode_scale(s_blk: torch.Tensor, s_dec: torch.Tensor) -> torch.Tensor:
+    """float32 per-block element multiplier from the rounded block scale: min(1 / (s * S_dec), FLT_MAX)."""
+    return torch.minimum(1.0 / (s_blk * s_dec), _f32(_FLT_MAX))
+
+
+def rotate_rows(x: torch.Tensor, rot: Hadamard) -> torch.Tensor:
+    """x rotated along its last dim in float32 on row chunks, kept in the dtype the rotation
+    rounds its output to (TE's RHT: bf16, which holds those values exactly)."""
+    kept = rot.round_output_to or torch.float32
+    return by_row_chunks(lambda t: apply_hadamard(t.to(torch.float32), rot, axis=-1).to(kept), x)
+
+
 def _encode_block_scales(s_f32: torch.Tensor) -> torch.Tensor:
     """ue4m3 codes of the float32 block scales (RNE, satfinite). They are >= 0 or NaN, so the
     e4m3 codes (the fused pass on CUDA, the float path elsewhere, lighter than the unsigned
@@ -183,12 +200,10 @@ def nvfp4_quantize(
         return NVFP4Tensor(codes=codes, block_scales=block_scales,
                            tensor_scale=tensor_scale, amax=amax, block_2d=block_2d, hadamard=rot)
     # Blocks are (..., rows, cols): a 1D input is one row. x keeps its dtype (amax is exact
-    # there) unless rotated; the rotation runs in float32 on row chunks, and is kept in the
-    # dtype it rounds its output to (TE's RHT: bf16, which holds those values exactly).
+    # there) unless rotated (rotate_rows).
     work = x if x.ndim >= 2 else x.unsqueeze(0)
     if rot is not None:
-        kept = rot.round_output_to or torch.float32
-        work = by_row_chunks(lambda t: apply_hadamard(t.to(torch.float32), rot, axis=-1).to(kept), work)
+        work = rotate_rows(work, rot)
 
     # 1. Global amax and the global encode / decode scales.
     amax = block_amax(work.reshape(1, -1), 1, work.numel()).reshape(()) if work.numel() else torch.zeros((), device=x.device)
@@ -197,11 +212,11 @@ def nvfp4_quantize(
     # 2. Block scales: vec_max * (S_enc * fl32(1/6)), min FLT_MAX, ue4m3 RNE satfinite.
     rows = NVFP4_BLOCK if block_2d else 1
     vec_max = per_row(block_amax(work, rows, NVFP4_BLOCK), rows)
-    s_f32 = torch.minimum(vec_max * (s_enc * _f32(_RCP_E2M1_MAX)), _f32(_FLT_MAX))
+    s_f32 = te_block_scale(vec_max, s_enc)
     block_scales = _encode_block_scales(s_f32)
     # 3. Per-block encode scale from the *rounded* block scale, then the elements.
     s_blk = _ue4m3_values(x.device)[block_scales.to(torch.int64)]
-    enc = torch.minimum(1.0 / (s_blk * s_dec), _f32(_FLT_MAX)).unsqueeze(-1)
+    enc = te_encode_scale(s_blk, s_dec).unsqueeze(-1)
     rounding = "rne" if rand is None else "sr"
 
     def encode(xc: torch.Tensor, ec: torch.Tensor, rc: torch.Tensor | None) -> torch.Tensor:

@@ -1,0 +1,265 @@
+"""NVFP4 and FP8 tensorwise profiles: quantizers pinned to one implementation's bits.
+
+As for MX (``mxcheck.profiles.Profile``), each convention is a field naming an entry of a
+small table; the defaults are the oracle (``nvfp4_quantize``, ``fp8_quantize``), and a
+profile whose fields are all defaults returns exactly the oracle's bits.
+
+NVFP4 (1x16 blocks along the last dim; ``amax`` = global amax, ``ts = amax / 2688`` the
+float32 per-tensor decode scale that ``NVFP4Tensor.tensor_scale`` holds):
+
+- ``block_scale`` (float32 block scale before its ue4m3 cast): ``"te"`` vec_max *
+  (S_enc * fl32(1/6)) (TransformerEngine); ``"quotient"`` (vec_max / 6) / ts (torchao
+  ``nvfp4_quantize``); ``"product"`` vec_max / (6 * ts) (ModelOpt).
+- ``block_scale_min``: the float32 block scale is clamped to at least this before the cast
+  (torchao: E4M3_EPS = 2^-6, the smallest e4m3 normal; ModelOpt: 2^-9).
+- ``zero_block_scale``: a block scale of exactly 0 becomes this (ModelOpt: 1.0).
+- ``element_scale`` (what the elements are scaled by, from the rounded block scale s):
+  ``"te"`` x * min(1 / (s * (1 / S_enc)), FLT_MAX); ``"divide_product"`` x / (s * ts)
+  (torchao 0.12-0.16, ModelOpt); ``"reciprocal_quotient"`` x * ((1 / ts) / s) (torchao 0.17+).
+
+FP8 tensorwise:
+
+- ``scale_formula``: as ``fp8_quantize`` (``"te"``, ``"primus_turbo"`` = fp8_max / max(amax, 1e-12)).
+- ``scale_arithmetic``: ``"float32"`` the formula in float32; ``"input_reciprocal"``
+  fp8_max / clamp(amax, 1e-12) as torch evaluates it on an amax in x's own dtype
+  (``Tensor.__rtruediv__``: reciprocal, then times fp8_max, each rounded to that dtype; for a
+  bf16 input the scale is a bf16). Needs ``scale_formula="primus_turbo"`` (the same formula).
+- ``multiply_dtype``: ``"float32"`` x * scale in float32; ``"input"`` rounded to x's dtype
+  first (a 0-dim float32 scale does not promote a bf16 tensor), then cast.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from mxcheck.formats import FORMATS, FloatFormat, check_quantize_input, decode_table, encode_bits
+from mxcheck.hadamard import get_hadamard
+from mxcheck.profile_base import ProfileBase, apply_zero_sign
+from mxcheck.scaling.blocks import block_amax, check_tiles
+from mxcheck.scaling.fp8 import (
+    FP8_FORMATS,
+    SCALE_FORMULAS,
+    FP8Tensor,
+    ScaleOptions,
+    _amax,
+    fp8_quantize,
+)
+from mxcheck.scaling.nvfp4 import (
+    NVFP4_BLOCK,
+    NVFP4Tensor,
+    _encode_block_scales,
+    _global_encode_scale,
+    rotate_rows,
+    te_block_scale,
+    te_encode_scale,
+)
+
+__all__ = ["BLOCK_SCALES", "ELEMENT_SCALES", "FP8_PROFILES", "NVFP4_PROFILES", "SCALE_ARITHMETICS", "FP8Profile",
+           "NVFP4Profile"]
+
+_E2M1 = FORMATS["e2m1"]
+_E4M3_X_E2M1_MAX = 448.0 * 6.0
+
+
+# ---- NVFP4 tables: (vec_max, amax, ts) -> float32 block scale; (x, s, amax, ts) -> scaled x
+
+
+def _te_block(vec_max, amax, ts):
+    return te_block_scale(vec_max, _global_encode_scale(amax))
+
+
+def _quotient_block(vec_max, amax, ts):
+    # torchao nvfp4_tensor.py::nvfp4_quantize: block_scale = max_abs / F4_E2M1_MAX, then / per_tensor_scale
+    return (vec_max / torch.full_like(vec_max, _E2M1.max)) / ts
+
+
+def _product_block(vec_max, amax, ts):
+    # ModelOpt get_weights_scaling_factor: per_block_amax / (6.0 * weights_scaling_factor_2)
+    return vec_max / (_E2M1.max * ts)
+
+
+BLOCK_SCALES: dict[str, Callable] = {"te": _te_block, "quotient": _quotient_block, "product": _product_block}
+
+
+def _te_elements(x, s, amax, ts):
+    return x * te_encode_scale(s, 1.0 / _global_encode_scale(amax)).unsqueeze(-1)
+
+
+def _divide_product(x, s, amax, ts):
+    # torchao 0.12-0.16: data_hp / (per_tensor_scale * fp32(s)); ModelOpt: input / (s * sf2)
+    return x / (s * ts).unsqueeze(-1)
+
+
+def _reciprocal_quotient(x, s, amax, ts):
+    # torchao 0.17+: data_hp * ((1.0 / per_tensor_scale) / fp32(s))
+    return x * (torch.reciprocal(ts) / s).unsqueeze(-1)
+
+
+ELEMENT_SCALES: dict[str, Callable] = {"te": _te_elements, "divide_product": _divide_product,
+                                       "reciprocal_quotient": _reciprocal_quotient}
+
+
+@dataclass(frozen=True)
+class NVFP4Profile(ProfileBase):
+    """An NVFP4 quantizer pinned to one implementation (1x16 blocks along the last dim)."""
+
+    fmt: str | None = "e2m1"
+    block_scale: str = "te"
+    block_scale_min: float | None = None
+    zero_block_scale: float | None = None
+    element_scale: str = "te"
+
+    scaling: ClassVar[str] = "nvfp4"
+    formats: ClassVar[tuple[str, ...]] = ("e2m1",)
+
+    def _check(self) -> str:
+        for name, table in (("block_scale", BLOCK_SCALES), ("element_scale", ELEMENT_SCALES)):
+            if getattr(self, name) not in table:
+                return f"{name}={getattr(self, name)!r}; expected one of {list(table)}"
+        for name in ("block_scale_min", "zero_block_scale"):
+            v = getattr(self, name)
+            if v is not None and not 0 < v <= 448:
+                return f"{name}={v!r}; expected None or a float in (0, 448] (a ue4m3 block scale)"
+        return ""
+
+    def quantized(self, x: torch.Tensor, fmt: str | FloatFormat | None = None) -> NVFP4Tensor:
+        """The NVFP4Tensor the implementation makes of x (last dim a multiple of 16)."""
+        f = self.element_format(fmt)
+        check_quantize_input(x, f"profile {self.name}")
+        check_tiles(x.shape[-1] if x.ndim else 0, NVFP4_BLOCK, f"x dim -1 of shape {tuple(x.shape)}", pad_hint=False)
+        rot = get_hadamard(self.hadamard)
+        work = x if rot is None else rotate_rows(x, rot)
+        amax = block_amax(work.reshape(1, -1), 1, work.numel()).reshape(())
+        ts = amax / torch.full_like(amax, _E4M3_X_E2M1_MAX)  # a true division, as nvfp4_quantize
+        s_f32 = BLOCK_SCALES[self.block_scale](block_amax(work, 1, NVFP4_BLOCK), amax, ts)
+        if self.zero_block_scale is not None:
+            s_f32 = torch.where(s_f32 == 0, self.zero_block_scale, s_f32)
+        if self.block_scale_min is not None:
+            s_f32 = torch.clamp(s_f32, min=self.block_scale_min)
+        block_scales = _encode_block_scales(s_f32)
+        s = decode_table("ue4m3", x.device, torch.float32)[block_scales.to(torch.int64)]
+        blocks = work.to(torch.float32).unflatten(-1, (-1, NVFP4_BLOCK))
+        scaled = ELEMENT_SCALES[self.element_scale](blocks, s, amax, ts).flatten(-2)
+        codes = encode_bits(torch.clamp(scaled, -f.max, f.max), f, self.rounding, True)
+        codes = apply_zero_sign(self.zero_sign, work, codes, f)
+        return NVFP4Tensor(codes=codes, block_scales=block_scales, tensor_scale=ts, amax=amax, hadamard=rot)
+
+
+# ---- FP8 tensorwise --------------------------------------------------------------------
+
+_TORCHAO_EPS = 1e-12
+
+
+def _input_reciprocal(amax: torch.Tensor, dtype: torch.dtype, fp8_max: float) -> torch.Tensor:
+    # torchao <= 0.5 float8_utils.py::amax_to_scale: finfo.max / torch.clamp(amax, min=EPS), amax
+    # in x's dtype; torch evaluates scalar / tensor as tensor.reciprocal() * scalar in that dtype.
+    return (torch.reciprocal(torch.clamp(amax.to(dtype), min=_TORCHAO_EPS)) * fp8_max).to(torch.float32)
+
+
+SCALE_ARITHMETICS = ("float32", "input_reciprocal")
+MULTIPLY_DTYPES = ("float32", "input")
+
+
+@dataclass(frozen=True)
+class FP8Profile(ProfileBase):
+    """A tensorwise FP8 quantizer pinned to one implementation (RNE, saturating)."""
+
+    scale_formula: str = "te"
+    scale_arithmetic: str = "float32"
+    multiply_dtype: str = "float32"
+
+    scaling: ClassVar[str] = "tensor"
+    formats: ClassVar[tuple[str, ...]] = FP8_FORMATS
+    roundings: ClassVar[tuple[str, ...]] = ("rne",)
+    spec_fields: ClassVar[tuple[str, ...]] = ("rounding", "hadamard", "scale_formula")
+    spec_defaults: ClassVar[dict[str, object]] = {"margin": 0, "power_of_2": False}
+
+    def _check(self) -> str:
+        if self.scale_formula not in SCALE_FORMULAS:
+            return f"scale_formula={self.scale_formula!r}; expected one of {sorted(SCALE_FORMULAS)}"
+        for name, allowed in (("scale_arithmetic", SCALE_ARITHMETICS), ("multiply_dtype", MULTIPLY_DTYPES)):
+            if getattr(self, name) not in allowed:
+                return f"{name}={getattr(self, name)!r}; expected one of {list(allowed)}"
+        if self.scale_arithmetic == "input_reciprocal" and self.scale_formula != "primus_turbo":
+            return ("scale_arithmetic='input_reciprocal' evaluates fp8_max / max(amax, 1e-12): it needs "
+                    f"scale_formula='primus_turbo', got {self.scale_formula!r}")
+        if self.hadamard is not None:
+            return f"hadamard={self.hadamard!r}; FP8 tensorwise profiles take no rotation (None)"
+        return ""
+
+    def quantized(self, x: torch.Tensor, fmt: str | FloatFormat | None = None) -> FP8Tensor:
+        """The FP8Tensor (granularity "tensor") the implementation makes of x."""
+        f = self.element_format(fmt)
+        if (self.scale_arithmetic, self.multiply_dtype) == ("float32", "float32"):
+            q = fp8_quantize(x, f, scale_formula=self.scale_formula)
+        else:
+            check_quantize_input(x, f"profile {self.name}")
+            amax = _amax(x, "tensor")
+            if self.scale_arithmetic == "float32":
+                scale = SCALE_FORMULAS[self.scale_formula](amax, f.max, ScaleOptions())
+            else:
+                scale = _input_reciprocal(amax, x.dtype, f.max)
+            scaled = x.to(torch.float32) * scale
+            if self.multiply_dtype == "input":
+                scaled = scaled.to(x.dtype)
+            q = FP8Tensor(codes=encode_bits(scaled, f, "rne", True), scale_inv=torch.reciprocal(scale), fmt=f,
+                          granularity="tensor", scale=scale, amax=amax)
+        if self.zero_sign == "source":
+            return q
+        return FP8Tensor(codes=apply_zero_sign(self.zero_sign, x, q.codes, f), scale_inv=q.scale_inv, fmt=f,
+                         granularity="tensor", scale=q.scale, amax=q.amax)
+
+
+# ---- the profiles ----------------------------------------------------------------------
+
+_TE_NVFP4 = ("NVIDIA/TransformerEngine transformer_engine/common/cast/nvfp4/core_nvfp4.cuh @0718c016 "
+             "(as mxcheck.scaling.nvfp4)")
+_TORCHAO_NVFP4 = "torchao/prototype/mx_formats/nvfp4_tensor.py::nvfp4_quantize (two-level: per_tensor_scale given)"
+_TORCHAO_NVFP4_NOTES = (
+    "per_tensor_scale = per_tensor_amax_to_scale(amax) = amax / 2688 (NVFP4Tensor.to_nvfp4); on CPU a true division",
+    "block scale clamp(min=E4M3_EPS = 2^-6, max=448): no ue4m3 subnormal or zero block scale",
+    "an all-zero tensor (per_tensor_scale 0): block scales NaN (0x7F); the element bits torchao's cast makes of "
+    "NaN are not modelled (mxcheck writes 0)")
+
+NVFP4_PROFILES: dict[str, NVFP4Profile] = {p.name: p for p in (
+    NVFP4Profile("te.nvfp4", source=_TE_NVFP4,
+                 notes=("nvfp4_quantize: the hardware cvt keeps a zero's sign",)),
+    NVFP4Profile("te.nvfp4.reference", zero_sign="negative_values",
+                 source="NVIDIA/TransformerEngine transformer_engine/pytorch/custom_recipes/reference_nvfp4.py"
+                        "::cast_to_fp4x2 @1498424b",
+                 notes=("threshold table: (x >= -0.25) & (x < -0.0) -> code 8, so -0.0 gives +0 and a negative "
+                        "that rounds to zero gives -0",)),
+    NVFP4Profile("torchao.nvfp4", block_scale="quotient", block_scale_min=2.0**-6, element_scale="reciprocal_quotient",
+                 source=f"pytorch/ao v0.18.0 @5f2baf9d {_TORCHAO_NVFP4}",
+                 notes=("data_hp * ((1.0 / per_tensor_scale) / fp32(s)), from 5c0c8148 (v0.17.0) on",
+                        *_TORCHAO_NVFP4_NOTES)),
+    NVFP4Profile("torchao0.16.nvfp4", block_scale="quotient", block_scale_min=2.0**-6,
+                 element_scale="divide_product",
+                 source=f"pytorch/ao v0.16.0 @3c1065ca {_TORCHAO_NVFP4} (v0.12.0-v0.16.0, from 7ca9f10d)",
+                 notes=("data_hp / (per_tensor_scale * fp32(s)): one float32 product, then one division",
+                        *_TORCHAO_NVFP4_NOTES)),
+    NVFP4Profile("modelopt.nvfp4", block_scale="product", block_scale_min=2.0**-9, zero_block_scale=1.0,
+                 element_scale="divide_product", zero_sign="negative_values",
+                 source="NVIDIA/Model-Optimizer modelopt/torch/quantization/qtensor/nvfp4_tensor.py @211c6b34 "
+                        "NVFP4QTensor.get_weights_scaling_factor, quantize, _cast_fp4",
+                 notes=("per_block_amax / (6.0 * amax / 2688); a zero scale becomes 1.0, then clamp(min=2^-9), "
+                        "then float8_e4m3fn", "input / (fp32(s) * weights_scaling_factor_2)",
+                        "_cast_fp4: searchsorted over the midpoints, ties to even; sign bit = x < 0",
+                        "TensorRT-Model-Optimizer @0ad6e5f0 had no 2^-9 clamp (a tiny block scale underflows to 0)")),
+)}
+
+FP8_PROFILES: dict[str, FP8Profile] = {p.name: p for p in (
+    FP8Profile("torchao0.5.float8", scale_formula="primus_turbo", scale_arithmetic="input_reciprocal",
+               multiply_dtype="input",
+               source="pytorch/ao v0.5.0 @ae8384ba torchao/float8/float8_utils.py::tensor_to_amax, amax_to_scale; "
+                      "float8_tensor.py::_ToFloat8ConstrFunc",
+               notes=("amax = max(abs(x)) in x's dtype; scale = finfo.max / clamp(amax, min=1e-12) in that dtype "
+                      "(bf16 for a bf16 input), then float32", "tensor * scale stays bf16 (a 0-dim float32 does "
+                      "not promote), then to_fp8_saturated: clamp and an RNE cast",
+                      "71be3159 (v0.6.0) moved the division to float64",
+                      "not modelled: the float16 input's extra clamp of the scale to 65504")),
+)}
