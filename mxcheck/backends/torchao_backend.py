@@ -7,22 +7,23 @@ axis, for rules floor, ceil, even and rceil; fp4 data is packed two per byte, lo
 even index; fp6 and fp8 hold one code per byte. It matches mxcheck's ``mx_quantize`` except
 in blocks whose scale byte is 0 (torchao divides by 2**-126 for FLOOR and by 1.0 for RCEIL,
 see ``mxcheck.profiles`` torchao.floor / torchao.rceil), which randn data never produces,
-and in RCEIL blocks whose amax is just above max * 2**k (a float32 log2). ``TORCHAO_CLAIMS``
-lists what it computes bit for bit, ``CLAIM_PROFILES`` the profile each rule is pinned to.
-2D blocks, Hadamard rotations, stochastic rounding and a non-zero ``zero_scale`` are not in
-torchao's quantizer, and quantize() refuses them by name.
+and in RCEIL blocks whose amax is just above max * 2**k (a float32 log2).
+``TORCHAO_CLAIMS`` lists what it computes bit for bit, ``CLAIM_PROFILES`` the profile each
+rule is pinned to. 2D blocks, Hadamard rotations, stochastic rounding and a non-zero
+``zero_scale`` are not in torchao's quantizer, and quantize() refuses them by name
+(``torchao_plan`` says which spec and recipe torchao can compute).
 
 linear: torchao's quantized training linears (``linear_plan`` maps a recipe to one of
 them, or says why none matches):
 
 * MX: ``mx_mm`` (0.18: ``prototype/moe_training/mxfp8_linear.py``, the autograd Function
-  behind ``MXFP8Linear``; before: ``prototype/mx_formats/mx_linear.py``): the six operand copies quantized with ``to_mx`` along each GEMM's
-  contraction axis (``MXTensor.to_mx`` dim0 casts, ``t().contiguous()`` dim1 casts) and
-  multiplied by the emulated MX GEMM (dequantize to the input dtype, ``torch.mm``), on any
-  device. e4m3 runs through ``MXFP8Linear`` itself where torchao has it
-  (``kernel_preference=EMULATED``); other element formats (e2m1: recipe ``mxfp4-1x32``),
-  and e4m3 before 0.18, through ``mx_mm`` directly. One ``ScaleCalculationMode`` for all
-  operands. Recipe ``mxfp8`` is
+  behind ``MXFP8Linear``; before: ``prototype/mx_formats/mx_linear.py``): the six operand
+  copies quantized with ``to_mx`` along each GEMM's contraction axis (``MXTensor.to_mx``
+  dim0 casts, ``t().contiguous()`` dim1 casts) and multiplied by the emulated MX GEMM
+  (dequantize to the input dtype, ``torch.mm``), on any device. e4m3 runs through
+  ``MXFP8Linear`` itself where torchao has it (``kernel_preference=EMULATED``); other
+  element formats (e2m1: recipe ``mxfp4-1x32``), and e4m3 before 0.18, through ``mx_mm``
+  directly. One ``ScaleCalculationMode`` for all operands. Recipe ``mxfp8`` is
   MXFP8Linear's default (RCEIL).
 * FP8: ``float8/float8_linear.py::Float8Linear`` with ``Float8LinearConfig``: tensorwise
   (``fp8`` with e4m3 gradients, ``fp8-hybrid`` = torchao's default e5m2 gradients) and
@@ -44,7 +45,7 @@ from __future__ import annotations
 
 import functools
 import importlib
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -52,6 +53,14 @@ import torch
 from mxcheck.backends import torchao_compat as compat
 from mxcheck.backends.contract import Refusal
 from mxcheck.backends.torch_scaled_mm import MIN_CAPABILITY, nvidia_missing
+from mxcheck.backends.torchao_plan import (
+    TORCHAO_FORMATS,
+    TORCHAO_SCALE_RULES,
+    LinearPlan,
+    fp8_spec_refusal,
+    linear_plan,
+    spec_refusal,
+)
 from mxcheck.formats import get_format
 from mxcheck.packing import unpack_fp4
 from mxcheck.profiles import PROFILES, Profile
@@ -62,110 +71,10 @@ from mxcheck.scaling.mx import MXTensor
 __all__ = ["CLAIM_PROFILES", "TORCHAO_CLAIMS", "TORCHAO_FORMATS", "TORCHAO_SCALE_RULES", "LinearPlan",
            "TorchaoBackend", "linear_plan"]
 
-TORCHAO_FORMATS = ("e2m1", "e2m3", "e3m2", "e4m3", "e5m2")  # to_mx element formats (torchao_compat)
-TORCHAO_SCALE_RULES = ("floor", "ceil", "even", "rceil")  # torchao ScaleCalculationMode values
 # to_mx asserts float32 or bfloat16 ("torch.float16 is not supported yet", 0.13-0.18)
 _INPUTS = (torch.float32, torch.bfloat16)
-# The operand copies torchao quantizes from one tensor: (forward copy, backward copy).
-_PAIRS = {"input": ("x_row", "x_col"), "weight": ("w_row", "w_col"), "grad_output": ("g_row", "g_col")}
 _MX_BLOCK = 32  # torchao's training cast asserts 32 (config.py _validate_kernel_preference)
 _FP8_MULTIPLE = 16  # torch._scaled_mm / cuBLASLt FP8: every leading dim a multiple of 16
-# torchao Float8 scale: fp8_max / clamp(amax, 1e-12) (float8_utils.py::amax_to_scale); as a
-# float32 division that is mxcheck's primus_turbo formula; rowwise floors it to 2^k (te + power_of_2).
-_FP8_FORMULAS = {"tensor": ("primus_turbo", False), "row": ("te", True)}
-
-
-def spec_refusal(spec: OperandSpec) -> str | None:
-    """Why torchao's to_mx cannot produce what ``spec`` asks for, or None."""
-    if spec.scaling != "mx":
-        return f"torchao to_mx makes MX blocks; spec has scaling={spec.scaling!r}"
-    if spec.fmt not in TORCHAO_FORMATS:
-        return f"torchao to_mx takes {list(TORCHAO_FORMATS)}, not fmt={spec.fmt!r}"
-    if spec.block_size != 32:
-        return f"torchao to_mx is wired here for 32-blocks, spec has block_size={spec.block_size}"
-    if spec.block_2d:
-        return "torchao to_mx has no 2D (32x32) blocks; spec has block_2d=True"
-    if spec.hadamard is not None:
-        return f"torchao to_mx applies no Hadamard rotation; spec has hadamard={spec.hadamard!r}"
-    if spec.rounding != "rne":
-        return f"torchao to_mx rounds to nearest even only; spec has rounding={spec.rounding!r}"
-    if spec.zero_scale != 0:
-        return (f"torchao to_mx gives an all-zero block scale byte 0; spec has zero_scale={spec.zero_scale}")
-    if spec.scale_rule not in TORCHAO_SCALE_RULES:
-        return (f"torchao ScaleCalculationMode has {list(TORCHAO_SCALE_RULES)}; spec has "
-                f"scale_rule={spec.scale_rule!r}")
-    return None
-
-
-def fp8_spec_refusal(spec: OperandSpec) -> str | None:
-    """Why torchao's Float8 cast (tensorwise / axiswise) cannot produce ``spec``, or None."""
-    if spec.scaling not in _FP8_FORMULAS:
-        return f"torchao Float8 casts are tensorwise or rowwise; spec has scaling={spec.scaling!r}"
-    if spec.fmt not in ("e4m3", "e5m2"):
-        return f"torchao Float8Linear casts to e4m3 or e5m2 (fn types), not fmt={spec.fmt!r}"
-    formula, pow2 = _FP8_FORMULAS[spec.scaling]
-    if (spec.scale_formula, spec.power_of_2, spec.margin, spec.rounding) != (formula, pow2, 0, "rne"):
-        return (f"torchao {spec.scaling} scaling is scale_formula={formula!r} power_of_2={pow2} margin=0 rne; "
-                f"spec has {spec.scale_formula!r} power_of_2={spec.power_of_2} margin={spec.margin} "
-                f"{spec.rounding!r}")
-    return None
-
-
-@dataclass(frozen=True)
-class LinearPlan:
-    """Which torchao linear runs a recipe: ``kind`` "mx" (mx_mm) or "float8" (Float8Linear);
-    ``fmts`` are the mxcheck formats of input, weight, grad_output; ``mode`` is the
-    ScaleCalculationMode value (mx) or the FP8 granularity (float8)."""
-
-    kind: str
-    fmts: tuple[str, str, str]
-    mode: str
-
-    def fmt(self, tensor: str) -> str:
-        return self.fmts[list(_PAIRS).index(tensor)]
-
-
-def _pair_specs(r: Recipe) -> dict[str, OperandSpec] | str:
-    """input / weight / grad_output -> the one spec both its copies share, or why not."""
-    out = {}
-    for tensor, (fwd, bwd) in _PAIRS.items():
-        if r.spec(fwd) != r.spec(bwd):
-            return (f"recipe {r.name} quantizes {fwd} and {bwd} differently; torchao casts one {tensor} "
-                    "config both ways")
-        out[tensor] = r.spec(fwd)
-    return out
-
-
-def linear_plan(recipe: Recipe | str) -> LinearPlan | str:
-    """The torchao linear that computes ``recipe`` bit for bit in its quantization, or why none does."""
-    r = get_recipe(recipe)
-    mx = all(r.spec(op).scaling == "mx" for op in OPERANDS)
-    refusal = spec_refusal if mx else fp8_spec_refusal
-    why: dict[str, list[str]] = {}  # reason -> the operands it applies to
-    for op in OPERANDS:
-        if (w := refusal(r.spec(op))) is not None:
-            why.setdefault(w, []).append(op)
-    if why:
-        what = "torchao mx_mm (1x32 MX)" if mx else "torchao Float8Linear (tensorwise / rowwise)"
-        return f"recipe {r.name}: {what}: " + "; ".join(f"{', '.join(ops)}: {w}" for w, ops in why.items())
-    specs = _pair_specs(r)
-    if isinstance(specs, str):
-        return specs
-    fmts = tuple(s.fmt for s in specs.values())
-    if mx:
-        if any(s.pad_to for s in specs.values()):
-            return f"recipe {r.name} pads to {r.x_row.pad_to}; torchao mx_mm asserts whole 32-blocks instead"
-        rules = {s.scale_rule for s in specs.values()}
-        if len(rules) > 1:
-            return f"recipe {r.name} mixes scale rules {sorted(rules)}; mx_mm takes one ScaleCalculationMode"
-        return LinearPlan("mx", fmts, rules.pop())
-    grans = {s.scaling for s in specs.values()}
-    if len(grans) > 1 or fmts[:2] != ("e4m3", "e4m3"):
-        return (f"recipe {r.name}: torchao's Float8 recipes (TENSORWISE, ROWWISE) use one granularity and e4m3 "
-                f"input and weight; recipe has {sorted(grans)} and input/weight/grad_output {fmts}")
-    if grans == {"row"} and fmts[2] != "e4m3":
-        return f"recipe {r.name}: torchao ROWWISE casts grad_output to e4m3, recipe has {fmts[2]}"
-    return LinearPlan("float8", fmts, grans.pop())
 
 
 def _torch_dtype(fmt: str) -> Any:
