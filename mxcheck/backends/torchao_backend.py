@@ -1,24 +1,29 @@
-"""torchao (0.18) behind the Backend protocol: its MX quantizer and its quantized linears.
+"""torchao (0.14 to 0.18, see ``torchao_compat``) behind the Backend protocol: its MX
+quantizer and its quantized linears.
 
 quantize: ``torchao.prototype.mx_formats.mx_tensor.to_mx(x, elem_dtype, 32,
 ScaleCalculationMode(rule))`` returns (E8M0 scales, data) with 1x32 blocks along the last
 axis, for rules floor, ceil, even and rceil; fp4 data is packed two per byte, low nibble =
 even index; fp6 and fp8 hold one code per byte. It matches mxcheck's ``mx_quantize`` except
 in blocks whose scale byte is 0 (torchao divides by 2**-126 for FLOOR and by 1.0 for RCEIL,
-see ``mxcheck.profiles`` torchao.floor / torchao.rceil), which randn data never produces.
-2D blocks, Hadamard rotations, stochastic rounding and a non-zero ``zero_scale`` are not in
-torchao's quantizer, and quantize() refuses them by name.
+see ``mxcheck.profiles`` torchao.floor / torchao.rceil), which randn data never produces,
+and in RCEIL blocks whose amax is just above max * 2**k (a float32 log2).
+``TORCHAO_CLAIMS`` lists what it computes bit for bit, ``CLAIM_PROFILES`` the profile each
+rule is pinned to. 2D blocks, Hadamard rotations, stochastic rounding and a non-zero
+``zero_scale`` are not in torchao's quantizer, and quantize() refuses them by name
+(``torchao_plan`` says which spec and recipe torchao can compute).
 
-linear: torchao 0.18 has no ``MXLinear`` any more; its quantized training linears are
-(``linear_plan`` maps a recipe to one of them, or says why none matches):
+linear: torchao's quantized training linears (``linear_plan`` maps a recipe to one of
+them, or says why none matches):
 
-* MX: ``prototype/moe_training/mxfp8_linear.py::mx_mm``, the autograd Function behind
-  ``MXFP8Linear``: the six operand copies quantized with ``to_mx`` along each GEMM's
-  contraction axis (``MXTensor.to_mx`` dim0 casts, ``t().contiguous()`` dim1 casts) and
-  multiplied by the emulated MX GEMM (dequantize to the input dtype, ``torch.mm``), on any
-  device. e4m3 runs through ``MXFP8Linear`` itself (``kernel_preference=EMULATED``); other
-  element formats (e2m1: recipe ``mxfp4-1x32``) through ``mx_mm`` directly, as nothing in
-  0.18 wraps them. One ``ScaleCalculationMode`` for all operands. Recipe ``mxfp8`` is
+* MX: ``mx_mm`` (0.18: ``prototype/moe_training/mxfp8_linear.py``, the autograd Function
+  behind ``MXFP8Linear``; before: ``prototype/mx_formats/mx_linear.py``): the six operand
+  copies quantized with ``to_mx`` along each GEMM's contraction axis (``MXTensor.to_mx``
+  dim0 casts, ``t().contiguous()`` dim1 casts) and multiplied by the emulated MX GEMM
+  (dequantize to the input dtype, ``torch.mm``), on any device. e4m3 runs through
+  ``MXFP8Linear`` itself where torchao has it (``kernel_preference=EMULATED``); other
+  element formats (e2m1: recipe ``mxfp4-1x32``), and e4m3 before 0.18, through ``mx_mm``
+  directly. One ``ScaleCalculationMode`` for all operands. Recipe ``mxfp8`` is
   MXFP8Linear's default (RCEIL).
 * FP8: ``float8/float8_linear.py::Float8Linear`` with ``Float8LinearConfig``: tensorwise
   (``fp8`` with e4m3 gradients, ``fp8-hybrid`` = torchao's default e5m2 gradients) and
@@ -39,131 +44,51 @@ gradients are rounded to ``recipe.out_dtype`` once, as the reference Function wr
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+import importlib
+from dataclasses import replace
 from typing import Any
 
 import torch
 
-from mxcheck.backends import import_vendor
+from mxcheck.backends import torchao_compat as compat
+from mxcheck.backends.contract import Refusal
 from mxcheck.backends.torch_scaled_mm import MIN_CAPABILITY, nvidia_missing
+from mxcheck.backends.torchao_plan import (
+    TORCHAO_FORMATS,
+    TORCHAO_SCALE_RULES,
+    LinearPlan,
+    fp8_spec_refusal,
+    linear_plan,
+    spec_refusal,
+)
 from mxcheck.formats import get_format
 from mxcheck.packing import unpack_fp4
-from mxcheck.recipes import OPERANDS, OperandSpec, Recipe, get_recipe
+from mxcheck.profiles import PROFILES, Profile
+from mxcheck.recipes import OPERANDS, RECIPES, OperandSpec, Recipe, get_recipe
 from mxcheck.scaling.fp8 import FP8Tensor
 from mxcheck.scaling.mx import MXTensor
 
-__all__ = ["TORCHAO_DTYPES", "TORCHAO_SCALE_RULES", "LinearPlan", "TorchaoBackend", "linear_plan"]
+__all__ = ["CLAIM_PROFILES", "TORCHAO_CLAIMS", "TORCHAO_FORMATS", "TORCHAO_SCALE_RULES", "LinearPlan",
+           "TorchaoBackend", "linear_plan"]
 
-# mxcheck element format -> torchao elem_dtype (a torch dtype name, else torchao's string constant)
-TORCHAO_DTYPES = {"e2m1": "float4_e2m1fn_x2", "e2m3": "fp6_e2m3", "e3m2": "fp6_e3m2",
-                  "e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}
-TORCHAO_SCALE_RULES = ("floor", "ceil", "even", "rceil")  # torchao ScaleCalculationMode values
+# to_mx asserts float32 or bfloat16 ("torch.float16 is not supported yet", 0.13-0.18)
 _INPUTS = (torch.float32, torch.bfloat16)
-# The operand copies torchao quantizes from one tensor: (forward copy, backward copy).
-_PAIRS = {"input": ("x_row", "x_col"), "weight": ("w_row", "w_col"), "grad_output": ("g_row", "g_col")}
 _MX_BLOCK = 32  # torchao's training cast asserts 32 (config.py _validate_kernel_preference)
 _FP8_MULTIPLE = 16  # torch._scaled_mm / cuBLASLt FP8: every leading dim a multiple of 16
-# torchao Float8 scale: fp8_max / clamp(amax, 1e-12) (float8_utils.py::amax_to_scale); as a
-# float32 division that is mxcheck's primus_turbo formula; rowwise floors it to 2^k (te + power_of_2).
-_FP8_FORMULAS = {"tensor": ("primus_turbo", False), "row": ("te", True)}
-
-
-def spec_refusal(spec: OperandSpec) -> str | None:
-    """Why torchao's to_mx cannot produce what ``spec`` asks for, or None."""
-    if spec.scaling != "mx":
-        return f"torchao to_mx makes MX blocks; spec has scaling={spec.scaling!r}"
-    if spec.fmt not in TORCHAO_DTYPES:
-        return f"torchao to_mx takes {sorted(TORCHAO_DTYPES)}, not fmt={spec.fmt!r}"
-    if spec.block_size != 32:
-        return f"torchao to_mx is wired here for 32-blocks, spec has block_size={spec.block_size}"
-    if spec.block_2d:
-        return "torchao to_mx has no 2D (32x32) blocks; spec has block_2d=True"
-    if spec.hadamard is not None:
-        return f"torchao to_mx applies no Hadamard rotation; spec has hadamard={spec.hadamard!r}"
-    if spec.rounding != "rne":
-        return f"torchao to_mx rounds to nearest even only; spec has rounding={spec.rounding!r}"
-    if spec.zero_scale != 0:
-        return (f"torchao to_mx gives an all-zero block scale byte 0; spec has zero_scale={spec.zero_scale}")
-    if spec.scale_rule not in TORCHAO_SCALE_RULES:
-        return (f"torchao ScaleCalculationMode has {list(TORCHAO_SCALE_RULES)}; spec has "
-                f"scale_rule={spec.scale_rule!r}")
-    return None
-
-
-def fp8_spec_refusal(spec: OperandSpec) -> str | None:
-    """Why torchao's Float8 cast (tensorwise / axiswise) cannot produce ``spec``, or None."""
-    if spec.scaling not in _FP8_FORMULAS:
-        return f"torchao Float8 casts are tensorwise or rowwise; spec has scaling={spec.scaling!r}"
-    if spec.fmt not in ("e4m3", "e5m2"):
-        return f"torchao Float8Linear casts to e4m3 or e5m2 (fn types), not fmt={spec.fmt!r}"
-    formula, pow2 = _FP8_FORMULAS[spec.scaling]
-    if (spec.scale_formula, spec.power_of_2, spec.margin, spec.rounding) != (formula, pow2, 0, "rne"):
-        return (f"torchao {spec.scaling} scaling is scale_formula={formula!r} power_of_2={pow2} margin=0 rne; "
-                f"spec has {spec.scale_formula!r} power_of_2={spec.power_of_2} margin={spec.margin} "
-                f"{spec.rounding!r}")
-    return None
-
-
-@dataclass(frozen=True)
-class LinearPlan:
-    """Which torchao linear runs a recipe: ``kind`` "mx" (mx_mm) or "float8" (Float8Linear);
-    ``fmts`` are the mxcheck formats of input, weight, grad_output; ``mode`` is the
-    ScaleCalculationMode value (mx) or the FP8 granularity (float8)."""
-
-    kind: str
-    fmts: tuple[str, str, str]
-    mode: str
-
-    def fmt(self, tensor: str) -> str:
-        return self.fmts[list(_PAIRS).index(tensor)]
-
-
-def _pair_specs(r: Recipe) -> dict[str, OperandSpec] | str:
-    """input / weight / grad_output -> the one spec both its copies share, or why not."""
-    out = {}
-    for tensor, (fwd, bwd) in _PAIRS.items():
-        if r.spec(fwd) != r.spec(bwd):
-            return (f"recipe {r.name} quantizes {fwd} and {bwd} differently; torchao casts one {tensor} "
-                    "config both ways")
-        out[tensor] = r.spec(fwd)
-    return out
-
-
-def linear_plan(recipe: Recipe | str) -> LinearPlan | str:
-    """The torchao linear that computes ``recipe`` bit for bit in its quantization, or why none does."""
-    r = get_recipe(recipe)
-    mx = all(r.spec(op).scaling == "mx" for op in OPERANDS)
-    refusal = spec_refusal if mx else fp8_spec_refusal
-    why: dict[str, list[str]] = {}  # reason -> the operands it applies to
-    for op in OPERANDS:
-        if (w := refusal(r.spec(op))) is not None:
-            why.setdefault(w, []).append(op)
-    if why:
-        what = "torchao mx_mm (1x32 MX)" if mx else "torchao Float8Linear (tensorwise / rowwise)"
-        return f"recipe {r.name}: {what}: " + "; ".join(f"{', '.join(ops)}: {w}" for w, ops in why.items())
-    specs = _pair_specs(r)
-    if isinstance(specs, str):
-        return specs
-    fmts = tuple(s.fmt for s in specs.values())
-    if mx:
-        if any(s.pad_to for s in specs.values()):
-            return f"recipe {r.name} pads to {r.x_row.pad_to}; torchao mx_mm asserts whole 32-blocks instead"
-        rules = {s.scale_rule for s in specs.values()}
-        if len(rules) > 1:
-            return f"recipe {r.name} mixes scale rules {sorted(rules)}; mx_mm takes one ScaleCalculationMode"
-        return LinearPlan("mx", fmts, rules.pop())
-    grans = {s.scaling for s in specs.values()}
-    if len(grans) > 1 or fmts[:2] != ("e4m3", "e4m3"):
-        return (f"recipe {r.name}: torchao's Float8 recipes (TENSORWISE, ROWWISE) use one granularity and e4m3 "
-                f"input and weight; recipe has {sorted(grans)} and input/weight/grad_output {fmts}")
-    if grans == {"row"} and fmts[2] != "e4m3":
-        return f"recipe {r.name}: torchao ROWWISE casts grad_output to e4m3, recipe has {fmts[2]}"
-    return LinearPlan("float8", fmts, grans.pop())
 
 
 def _torch_dtype(fmt: str) -> Any:
-    name = TORCHAO_DTYPES[fmt]
-    return getattr(torch, name, name)
+    """torchao's elem_dtype for ``fmt``; Refusal where the installed torchao lacks it."""
+    if (dtype := compat.elem_dtype(fmt)) is None:
+        raise Refusal(f"the installed torchao's SUPPORTED_ELEM_DTYPES has no dtype for fmt={fmt!r}")
+    return dtype
+
+
+def _scale_mode(rule: str) -> Any:
+    """torchao's ScaleCalculationMode for ``rule``; Refusal where the installed enum lacks it."""
+    if (mode := compat.scale_mode(rule)) is None:
+        raise Refusal(f"the installed torchao's ScaleCalculationMode has no {rule!r}")
+    return mode
 
 
 @functools.cache
@@ -180,24 +105,32 @@ def _cpu_scaled_mm(rowwise: bool = False) -> str | None:
     return None
 
 
+def _check_dtype(x: torch.Tensor, what: str) -> None:
+    """TypeError for a tensor that is not floating point (a caller's mistake); Refusal for a
+    floating dtype torchao does not take (float16, float64)."""
+    if not x.dtype.is_floating_point:
+        raise TypeError(f"x.dtype={x.dtype}; {what} take floating point tensors (float32 or bfloat16)")
+    if x.dtype not in _INPUTS:
+        raise Refusal(f"x.dtype={x.dtype}; {what} take float32 or bfloat16")
+
+
 def _check_operand(x: Any) -> torch.Tensor:
     if not isinstance(x, torch.Tensor) or x.dim() != 2:
         raise ValueError("torchao quantize takes a 2D [rows, K] operand (K = the contraction axis), got "
                          f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
-    if x.dtype not in _INPUTS:
-        raise TypeError(f"x.dtype={x.dtype}; torchao's casts take float32 or bfloat16")
+    _check_dtype(x, "torchao's casts")
     return x
 
 
 def _check_dims(plan: LinearPlan, m: int, n: int, k: int) -> None:
-    """ValueError naming the GEMM dims torchao's linear cannot take (instead of its assert
+    """Refusal naming the GEMM dims torchao's linear cannot take (instead of its assert
     or a cuBLASLt error): MX contracts over K, N and M in 32-blocks; _scaled_mm needs 16s."""
     multiple, why = ((_MX_BLOCK, "mx_mm casts 1x32 blocks along K (fwd), N (dgrad) and M (wgrad)")
                      if plan.kind == "mx" else
                      (_FP8_MULTIPLE, "Float8Linear's torch._scaled_mm (cuBLASLt) needs every dim a multiple of 16"))
     bad = [f"{d}={v}" for d, v in zip("MNK", (m, n, k), strict=True) if v % multiple]
     if bad:
-        raise ValueError(f"torchao: {why}; got {', '.join(bad)} (M={m} N={n} K={k})")
+        raise Refusal(f"torchao: {why}; got {', '.join(bad)} (M={m} N={n} K={k})")
 
 
 class _GradTo(torch.autograd.Function):
@@ -214,10 +147,44 @@ class _GradTo(torch.autograd.Function):
         return g.to(ctx.dtype).to(g.dtype), None
 
 
+# ---- claims: what torchao's quantize computes bit for bit ------------------------------
+
+_SOURCE = "pytorch/ao torchao/prototype/mx_formats/mx_tensor.py::to_mx, 0.14.0-0.18.0 (torchao_compat)"
+# Named recipes that already are one element format and rule on all six copies.
+_NAMED = {("e4m3", "rceil"): "mxfp8", ("e2m1", "even"): "mxfp4-1x32"}
+
+
+def _mx_claim(fmt: str, rule: str) -> Recipe:
+    if (fmt, rule) in _NAMED:
+        return RECIPES[_NAMED[fmt, rule]]
+    return Recipe(f"torchao-mx-{fmt}-{rule}", **dict.fromkeys(OPERANDS, OperandSpec(fmt, "mx", scale_rule=rule)),
+                  source=f"{_SOURCE} with ScaleCalculationMode.{rule.upper()}")
+
+
+# Every scale rule on three element formats (fp4, fp6, fp8), 1x32 blocks along K on all six
+# copies; then the Float8 casts.
+TORCHAO_CLAIMS: tuple[Recipe, ...] = (
+    *(_mx_claim(fmt, rule) for fmt in ("e2m1", "e2m3", "e4m3") for rule in TORCHAO_SCALE_RULES),
+    *(RECIPES[n] for n in ("fp8", "fp8-hybrid", "fp8-rowwise")),
+)
+# The profile (mxcheck.profiles) each MX scale rule's bits are pinned to: mx_quantize plus
+# torchao's byte-0 blocks (FLOOR, CEIL and EVEN divide them by 2^-126; RCEIL's CPU path
+# leaves them unscaled) and RCEIL's float32 log2. On blocks whose amax is a float32 normal
+# number (and, for RCEIL, not just above max * 2**k) they are mx_quantize's bits.
+CLAIM_PROFILES: dict[str, Profile] = {
+    "floor": PROFILES["torchao.floor"],
+    "ceil": replace(PROFILES["torchao.floor"], name="torchao.ceil", scale_rule="ceil"),
+    "even": replace(PROFILES["torchao.floor"], name="torchao.even", scale_rule="even"),
+    "rceil": PROFILES["torchao.rceil"],
+}
+
+
 class TorchaoBackend:
     """torchao's MX / Float8 quantizers and its MX (mx_mm) and Float8Linear linears."""
 
     name = "torchao"
+    claims: tuple[Recipe, ...] = TORCHAO_CLAIMS
+    input_dtypes: tuple[torch.dtype, ...] = _INPUTS
 
     def __init__(self, device: str | None = None) -> None:
         # torchao's emulated MX path runs anywhere; the H200 gets the same calls on CUDA.
@@ -225,10 +192,10 @@ class TorchaoBackend:
         self._float8: dict[tuple, Any] = {}
 
     def available(self) -> tuple[bool, str]:
-        for module in ("torchao.float8", "torchao.prototype.moe_training.mxfp8_linear",
-                       "torchao.prototype.mx_formats.mx_tensor"):
-            if (why := import_vendor(module)) is not None:
-                return False, why
+        """Usable where the installed torchao is a measured release (torchao_compat.NEEDED)
+        and quantize's modules import; the linears' modules are looked for by supports()."""
+        if (why := compat.torchao_problem()) is not None:
+            return False, why
         return True, ""
 
     def float8_missing(self, rowwise: bool = False) -> str | None:
@@ -237,14 +204,27 @@ class TorchaoBackend:
             return _cpu_scaled_mm(rowwise)
         return nvidia_missing("torchao Float8Linear (torch._scaled_mm)", MIN_CAPABILITY)
 
+    def linear_missing(self, plan: LinearPlan) -> str | None:
+        """Why the installed torchao cannot run ``plan``'s linear here, or None."""
+        if plan.kind == "float8":
+            return self.float8_missing(rowwise=plan.mode == "row")
+        if compat.scale_mode(plan.mode) is None:
+            return f"the installed torchao's ScaleCalculationMode has no {plan.mode!r}"
+        if any(compat.elem_dtype(f) is None for f in plan.fmts):
+            return f"the installed torchao's SUPPORTED_ELEM_DTYPES lacks one of {plan.fmts}"
+        args = compat.mx_mm_args(compat.scale_mode(plan.mode))
+        return args if isinstance(args, str) else None
+
     def supports(self, recipe: Recipe | str) -> tuple[bool, str]:
-        """Recipes one of torchao's linears computes (``linear_plan``), on this device."""
+        """Recipes one of torchao's linears computes (``linear_plan``), on this device, with the
+        installed torchao's linears (quantize needs no linear: see ``claims``)."""
         r = get_recipe(recipe)
         plan = linear_plan(r)
         if isinstance(plan, str):
             return False, f"torchao: {plan}"
-        if plan.kind == "float8" and (why := self.float8_missing(rowwise=plan.mode == "row")) is not None:
-            return False, f"torchao: recipe {r.name} needs Float8Linear: {why}"
+        if (why := self.linear_missing(plan)) is not None:
+            what = "mx_mm" if plan.kind == "mx" else "Float8Linear"
+            return False, f"torchao: recipe {r.name} needs {what}: {why}"
         return True, ""
 
     def quantize(self, x: torch.Tensor, spec: OperandSpec) -> MXTensor | FP8Tensor:
@@ -253,9 +233,8 @@ class TorchaoBackend:
         if spec.scaling != "mx" and fp8_spec_refusal(spec) is None:
             return self._quantize_fp8(_check_operand(x), spec)
         if (why := spec_refusal(spec)) is not None:
-            raise ValueError(why)
+            raise Refusal(why)
         x = _check_operand(x)
-        from torchao.prototype.mx_formats.config import ScaleCalculationMode  # noqa: PLC0415
         from torchao.prototype.mx_formats.mx_tensor import to_mx  # noqa: PLC0415
 
         rows, k = x.shape
@@ -264,12 +243,12 @@ class TorchaoBackend:
             # zero columns: whole zero blocks (byte 0, codes 0) where mx_quantize pads too
             xs = torch.nn.functional.pad(xs, (0, -k % spec.pad_to))
         if xs.shape[1] % 32:
-            raise ValueError(f"x dim 1 (K) = {k} is not a multiple of 32 and spec has no pad_to; "
-                             "torchao to_mx needs whole 32-blocks")
-        name = TORCHAO_DTYPES[spec.fmt]
-        elem_dtype: Any = getattr(torch, name, name)
-        scale, data = to_mx(xs, elem_dtype, 32, ScaleCalculationMode(spec.scale_rule))
+            raise Refusal(f"x dim 1 (K) = {k} is not a multiple of 32 and spec has no pad_to; "
+                          "torchao to_mx needs whole 32-blocks")
+        scale, data = to_mx(xs, _torch_dtype(spec.fmt), 32, _scale_mode(spec.scale_rule))
         raw, fmt = data.view(torch.uint8), get_format(spec.fmt)
+        if fmt.bits == 4 and compat.fp4_high_nibble_first():
+            raw = (raw >> 4) | (raw << 4)  # 0.13-0.14 packing: element 0 in the high nibble
         # fp4 comes two per byte (low nibble = even index); fp6 and fp8 one per byte
         codes = (unpack_fp4(raw) if fmt.bits == 4 else raw).reshape(xs.shape)
         scales = scale.view(torch.uint8).reshape(rows, -1)
@@ -311,24 +290,19 @@ class TorchaoBackend:
         return self._float8[key]
 
     def _mx_linear(self, plan: LinearPlan, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None):
-        from torchao.prototype.moe_training.mxfp8_linear import MXFP8Linear, mx_mm  # noqa: PLC0415
-        from torchao.prototype.mx_formats.config import (  # noqa: PLC0415
-            MXFP8Dim0CastKernelChoice,
-            MXFP8Dim1CastKernelChoice,
-            ScaleCalculationMode,
-        )
-        from torchao.quantization.quantize_.common.kernel_preference import KernelPreference  # noqa: PLC0415
+        mx_mm, _ = compat.mx_mm()
+        mode = _scale_mode(plan.mode)
+        # torchao's own module where it has one (0.18: MXFP8Linear, its forward mx_mm + bias)
+        module = getattr(importlib.import_module(mx_mm.__module__), "MXFP8Linear", None)
+        if set(plan.fmts) == {"e4m3"} and module is not None:
+            from torchao.quantization.quantize_.common.kernel_preference import KernelPreference  # noqa: PLC0415
 
-        mode = ScaleCalculationMode(plan.mode)
-        if set(plan.fmts) == {"e4m3"}:  # torchao's own module (its forward: mx_mm + bias)
             with torch.device("meta"):
-                m = MXFP8Linear(w.shape[1], w.shape[0], bias=b is not None,
-                                kernel_preference=KernelPreference.EMULATED, scale_calculation_mode=mode)
+                m = module(w.shape[1], w.shape[0], bias=b is not None,
+                           kernel_preference=KernelPreference.EMULATED, scale_calculation_mode=mode)
             params = {"weight": w} | ({} if b is None else {"bias": b})
             return torch.func.functional_call(m, params, (x,))
-        y = mx_mm.apply(x, w, *(_torch_dtype(f) for f in plan.fmts), _MX_BLOCK,
-                        KernelPreference.EMULATED, MXFP8Dim0CastKernelChoice.TORCH,
-                        MXFP8Dim1CastKernelChoice.TORCH, mode, False)
+        y = mx_mm.apply(x, w, *(_torch_dtype(f) for f in plan.fmts), _MX_BLOCK, *compat.mx_mm_args(mode))
         return y if b is None else y + b.to(y.dtype)
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -337,9 +311,10 @@ class TorchaoBackend:
         r = get_recipe(recipe)
         plan = linear_plan(r)
         if isinstance(plan, str):
-            raise ValueError(f"torchao: {plan}")
-        if x.dtype not in _INPUTS:
-            raise TypeError(f"x.dtype={x.dtype}; torchao's linears run in float32 or bfloat16")
+            raise Refusal(f"torchao: {plan}")
+        if (why := self.linear_missing(plan)) is not None:
+            raise Refusal(f"torchao: recipe {r.name}: {why}")
+        _check_dtype(x, "torchao's linears")
         n, k = weight.shape
         if x.shape[-1] != k:
             raise ValueError(f"x has K={x.shape[-1]} but weight is {tuple(weight.shape)} ([N, K])")
