@@ -168,7 +168,7 @@ def _case_records(case: SweepCase, recipe: Recipe, be: Any, t: dict[str, torch.T
     gemm = getattr(be, "gemm", None) if hardware else None
     linear = be.linear if hardware and gemm is None else None  # a whole-linear backend
     got = _run_linear(t, recipe, layer, gemm, seed, linear)
-    records = [_snr_record(case, recipe, be.name, direction, got[direction], ref, linear_floor(recipe.name, direction),
+    records = [_snr_record(case, recipe, be.name, direction, got[direction], ref, linear_floor(recipe, direction),
                            layer) for direction, ref in truth.items()]
     if hardware:
         ref_out = _run_linear(t, recipe, layer, None, seed)

@@ -27,6 +27,7 @@ from mxcheck.text import table
 __all__ = [
     "BGRAD_FLOOR_DB",
     "DESIGN_ANCHORS_DB",
+    "FORMAT_LINEAR_FLOORS",
     "GEMM_FLOORS",
     "LINEAR_SNR_FLOORS",
     "MIN_MARGIN_DB",
@@ -106,7 +107,7 @@ LINEAR_SNR_FLOORS: dict[str, Floor] = {
     # OCP MX v1.0 (floor rule): on conformance inputs the floor rule saturates block maxima near
     # the top of a binade (amax / 2^e up to 2 x the format's top power of two), so these sit
     # under the vendor rules' figures and answer to no DESIGN anchor.
-    "ocp-mxfp4": Floor(9.0, "measured 13.6-16.5 dB per draw on conformance inputs (floor rule)"),
+    "ocp-mxfp4": Floor(10.0, "measured 13.6-16.5 dB per draw on conformance inputs (floor rule)"),
     "ocp-mxfp6-e2m3": Floor(20.0, "measured 26.1-29.5 dB per draw on conformance inputs"),
     "ocp-mxfp6-e3m2": Floor(16.0, "measured 20.8-24.2 dB per draw on conformance inputs"),
     "ocp-mxfp8-e4m3": Floor(16.0, "measured 21.7-26.6 dB per draw on conformance inputs (25.5-31.5 with rceil)"),
@@ -159,17 +160,52 @@ def model_floor(key: str) -> float:
         raise ValueError(f"no model floor for {key!r}; known: {sorted(MODEL_FLOORS)}") from None
 
 
-def linear_floor(recipe: str, direction: str = "fwd") -> float:
+# A recipe the tables above do not name (a user's recipe file, a backend's own claim) is
+# held to the floor of its least precise quantized copy: per scaling and element format, the
+# lowest linear floor of a named recipe of that kind (MX: the OCP floor rule's, which clips
+# block maxima; FP8 scalings: the tensorwise recipes').
+FORMAT_LINEAR_FLOORS: dict[tuple[str, str], float] = {
+    ("mx", "e2m1"): 10.0, ("mx", "e2m3"): 20.0, ("mx", "e3m2"): 16.0, ("mx", "e4m3"): 16.0, ("mx", "e5m2"): 16.0,
+    ("nvfp4", "e2m1"): 10.0, ("fp8", "e4m3"): 25.0, ("fp8", "e5m2"): 20.0, ("fp8", "e4m3fnuz"): 25.0,
+    ("fp8", "e5m2fnuz"): 20.0,
+}
+_FWD_COPIES, _BWD_COPIES = ("x_row", "w_row"), ("g_row", "w_col", "g_col", "x_col")
+
+
+def _derived_floor(recipe: Any, direction: str) -> float:
+    """The floor of ``recipe``'s least precise quantized copy in ``direction``'s GEMMs."""
+    copies = _FWD_COPIES if direction == "fwd" else _BWD_COPIES
+    floors = []
+    for op in copies:
+        spec = recipe.spec(op)
+        if not spec.quantized:
+            continue
+        kind = spec.scaling if spec.scaling in ("mx", "nvfp4") else "fp8"
+        if (kind, spec.fmt) not in FORMAT_LINEAR_FLOORS:
+            raise ValueError(f"no linear SNR floor for {op} of recipe {recipe.name!r} ({kind} {spec.fmt}); known "
+                             f"kinds: {sorted(FORMAT_LINEAR_FLOORS)}; add one to mxcheck.thresholds")
+        floors.append(FORMAT_LINEAR_FLOORS[kind, spec.fmt])
+    if not floors:
+        raise ValueError(f"no linear SNR floor for recipe {recipe.name!r}: it quantizes none of {list(copies)}")
+    return min(floors)
+
+
+def linear_floor(recipe: Any, direction: str = "fwd") -> float:
     """The ``direction`` (fwd, dgrad, wgrad; bgrad: BGRAD_FLOOR_DB) SNR floor of a recipe's
-    linear against float64 truth. A derived recipe ``base+sr`` (gradient SR, measured within
-    1.5 dB of the base) has the base's floors. A recipe without a floor is a ValueError."""
+    linear against float64 truth. ``recipe`` is a name or a ``Recipe``. A derived recipe
+    ``base+sr`` (gradient SR, measured within 1.5 dB of the base) and a pinned one
+    ``base@profile`` have the base's floors. A ``Recipe`` the tables do not name gets the
+    floor of its least precise quantized copy (FORMAT_LINEAR_FLOORS); a name they do not
+    know is a ValueError."""
     if direction not in LINEAR_DIRECTIONS:
         raise ValueError(f"direction={direction!r}; expected one of {list(LINEAR_DIRECTIONS)}")
-    base = recipe.removesuffix(DERIVED_SUFFIX) if isinstance(recipe, str) else recipe
-    try:
-        f = LINEAR_SNR_FLOORS[base]
-    except (KeyError, TypeError):
-        raise ValueError(f"no linear SNR floor for recipe {recipe!r}; known: {sorted(LINEAR_SNR_FLOORS)} "
+    name = recipe if isinstance(recipe, str) else getattr(recipe, "name", recipe)
+    base = name.partition("@")[0].removesuffix(DERIVED_SUFFIX) if isinstance(name, str) else name
+    f = LINEAR_SNR_FLOORS.get(base) if isinstance(base, str) else None
+    if f is None and not isinstance(recipe, str) and hasattr(recipe, "spec"):
+        return BGRAD_FLOOR_DB if direction == "bgrad" else _derived_floor(recipe, direction)
+    if f is None:
+        raise ValueError(f"no linear SNR floor for recipe {name!r}; known: {sorted(LINEAR_SNR_FLOORS)} "
                          f"and their {DERIVED_SUFFIX!r} variants; add one to mxcheck.thresholds") from None
     if direction == "bgrad":
         return BGRAD_FLOOR_DB

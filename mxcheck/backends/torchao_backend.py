@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-from dataclasses import replace
 from typing import Any
 
 import torch
@@ -161,22 +160,19 @@ def _mx_claim(fmt: str, rule: str) -> Recipe:
                   source=f"{_SOURCE} with ScaleCalculationMode.{rule.upper()}")
 
 
-# Every scale rule on three element formats (fp4, fp6, fp8), 1x32 blocks along K on all six
-# copies; then the Float8 casts.
-TORCHAO_CLAIMS: tuple[Recipe, ...] = (
-    *(_mx_claim(fmt, rule) for fmt in ("e2m1", "e2m3", "e4m3") for rule in TORCHAO_SCALE_RULES),
-    *(RECIPES[n] for n in ("fp8", "fp8-hybrid", "fp8-rowwise")),
-)
 # The profile (mxcheck.profiles) each MX scale rule's bits are pinned to: mx_quantize plus
 # torchao's byte-0 blocks (FLOOR, CEIL and EVEN divide them by 2^-126; RCEIL's CPU path
 # leaves them unscaled) and RCEIL's float32 log2. On blocks whose amax is a float32 normal
 # number (and, for RCEIL, not just above max * 2**k) they are mx_quantize's bits.
-CLAIM_PROFILES: dict[str, Profile] = {
-    "floor": PROFILES["torchao.floor"],
-    "ceil": replace(PROFILES["torchao.floor"], name="torchao.ceil", scale_rule="ceil"),
-    "even": replace(PROFILES["torchao.floor"], name="torchao.even", scale_rule="even"),
-    "rceil": PROFILES["torchao.rceil"],
-}
+CLAIM_PROFILES: dict[str, Profile] = {rule: PROFILES[f"torchao.{rule}"] for rule in TORCHAO_SCALE_RULES}
+
+# Every scale rule on three element formats (fp4, fp6, fp8), 1x32 blocks along K on all six
+# copies, each pinned to its profile (RECIPE@PROFILE); then the Float8 casts.
+TORCHAO_CLAIMS: tuple[Recipe, ...] = (
+    *(_mx_claim(fmt, rule).with_profile(CLAIM_PROFILES[rule].name)
+      for fmt in ("e2m1", "e2m3", "e4m3") for rule in TORCHAO_SCALE_RULES),
+    *(RECIPES[n] for n in ("fp8", "fp8-hybrid", "fp8-rowwise")),
+)
 
 
 class TorchaoBackend:

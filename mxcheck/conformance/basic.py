@@ -139,12 +139,12 @@ def check_linear(backend: Any, recipe: Recipe, gen: torch.Generator, numerics: A
     LINEAR_DRAWS independent input draws (the outputs concatenated)."""
     if linear_of(backend) is None:
         return NO_LINEAR
-    thresholds.linear_floor(recipe.name)  # a recipe without a floor is an error, before any work
+    thresholds.linear_floor(recipe)  # a recipe without a floor is an error, before any work
     draws = [_linear_draw(backend, recipe, gen) for _ in range(LINEAR_DRAWS)]
     ctx = {"recipe": recipe.name, "m": _M, "n": _N, "k": _K}
     for direction in ("fwd", "dgrad", "wgrad", "bgrad"):
         got, truth = (torch.cat([d[i][direction].double().flatten() for d in draws]) for i in (0, 1))
-        _snr(numerics, got, truth, thresholds.linear_floor(recipe.name, direction), layer="vs float64 truth",
+        _snr(numerics, got, truth, thresholds.linear_floor(recipe, direction), layer="vs float64 truth",
              direction=direction, **ctx)
     for direction in ("fwd", "dgrad", "wgrad"):
         # Same quantized operands: only accumulation order and the output rounding may differ.

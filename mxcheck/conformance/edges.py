@@ -101,7 +101,7 @@ def _edge_linear(backend: Any, recipe: Recipe, gen: torch.Generator, numerics: A
     for direction, r in ref.items():
         if got[direction] is None:
             raise NumericsError(f"linear of recipe {recipe.name} at M={m} N={n} K={k} gave no {direction}")
-        _snr(numerics, got[direction].double(), r.double(), floor or linear_floor(recipe.name, direction),
+        _snr(numerics, got[direction].double(), r.double(), floor or linear_floor(recipe, direction),
              recipe=recipe.name,
              layer=f"edge {name}: {layer}", direction=direction, m=m, n=n, k=k)
     return "correct"

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from mxcheck import thresholds
-from mxcheck.conformance import CHECKS, DEFAULT_RECIPES
-from mxcheck.recipes import RECIPES
+from mxcheck.conformance import DEFAULT_RECIPES
+from mxcheck.recipes import OPERANDS, RECIPES, OperandSpec
 
 pytestmark = pytest.mark.emulated
 
@@ -20,11 +22,20 @@ def test_every_conformance_recipe_has_a_floor(recipe):
     assert thresholds.linear_floor(recipe) >= 10.0
 
 
-def test_a_recipe_without_a_floor_is_an_error_not_a_skip(gen):
-    from dataclasses import replace
-
-    from mxcheck.backends.emulated import EmulatedBackend
-
-    nameless = replace(RECIPES["mxfp8"], name="mxfp8-unfloored")
+def test_a_recipe_name_without_a_floor_is_an_error_not_a_skip():
     with pytest.raises(ValueError, match="no linear SNR floor for recipe 'mxfp8-unfloored'"):
-        CHECKS["linear"](EmulatedBackend(), nameless, gen)
+        thresholds.linear_floor("mxfp8-unfloored")
+
+
+def test_a_recipe_the_tables_do_not_name_gets_its_least_precise_copys_floor():
+    # mxfp4's forward (e2m1 x e2m1) and mxfp4-fp8bwd's e5m2 tensorwise backward, under a new name
+    mixed = replace(RECIPES["mxfp4-fp8bwd"], name="my-mixed")
+    assert thresholds.linear_floor(mixed, "fwd") == thresholds.FORMAT_LINEAR_FLOORS["mx", "e2m1"] == 10.0
+    assert thresholds.linear_floor(mixed, "dgrad") == thresholds.FORMAT_LINEAR_FLOORS["fp8", "e5m2"] == 20.0
+    assert thresholds.linear_floor(mixed, "bgrad") == thresholds.BGRAD_FLOOR_DB
+    with pytest.raises(ValueError, match="quantizes none of"):
+        thresholds.linear_floor(replace(RECIPES["mxfp8"], name="bf16-only", **dict.fromkeys(OPERANDS, OperandSpec())))
+
+
+def test_a_pinned_recipe_has_its_base_recipes_floor():
+    assert thresholds.linear_floor("mxfp8@torchao.rceil", "wgrad") == thresholds.linear_floor("mxfp8", "wgrad")
