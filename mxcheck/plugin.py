@@ -20,8 +20,9 @@ import pytest
 import torch
 
 from mxcheck import backends as backend_registry
-from mxcheck import hardware
+from mxcheck import hardware, run_guard
 from mxcheck.cli import add_max_drop_option
+from mxcheck.cli.common import add_allow_incomplete_option
 from mxcheck.deps import REQUIRE_DEPS_ENV, export_require_deps, needs
 from mxcheck.report import (
     Record,
@@ -31,12 +32,13 @@ from mxcheck.report import (
     compare,
     format_comparison,
 )
+from mxcheck.report.compare import require_complete
+from mxcheck.report.outcomes import PARAMS_KEY, counts_text, outcome_record
 
 __all__ = ["COLLECTOR", "RECORD_KEY", "REQUIRE_DEPS_ENV", "WITNESS_DRIFT", "Collector", "add_options", "needs"]
 
 COLLECTOR = pytest.StashKey["Collector"]()
 RECORD_KEY = "mxcheck_record"
-PARAMS_KEY = "mxcheck_params"  # [backend, recipe] of a parametrized test
 SEEDED_FIXTURES = frozenset({"mxcheck_generator", "mxcheck_seed"})
 # An xfail whose reason starts so is a witness library (ml_dtypes, torch, gfloat, torchao)
 # newer than the versions a test pinned, answering differently: counted in the report.
@@ -101,6 +103,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     add_options(group.addoption)
     _add_require_deps_option(group.addoption)
     _add_seeded_only_option(group.addoption)
+    # run guard (mxcheck/run_guard.py): timeouts; incomplete reports are no baselines
+    run_guard.add_timeout_option(group.addoption)
+    add_allow_incomplete_option(group.addoption, "--mxcheck-")
 
 
 # ------------------------------------------------------------------ configure
@@ -115,6 +120,7 @@ def pytest_configure(config: pytest.Config) -> None:
     export_require_deps(config)
     collector = config.stash[COLLECTOR] = Collector.from_config(config)
     config.pluginmanager.register(collector, "mxcheck-collector")
+    run_guard.register(config)  # timeouts, crashed workers, SIGTERM/SIGINT
 
 
 class Collector:
@@ -141,7 +147,8 @@ class Collector:
         collector = cls(config, loaded)
         if not collector.is_worker:  # the controller alone writes and compares
             _check_report_path(config.getoption("mxcheck_report"))
-            collector.baseline = _load_baseline(config.getoption("mxcheck_baseline"))
+            collector.baseline = _load_baseline(config.getoption("mxcheck_baseline"),
+                                                config.getoption("mxcheck_allow_incomplete_baseline"))
         return collector
 
     @property
@@ -195,13 +202,12 @@ class Collector:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when == "call":
             recs = [Record.from_json(v) for k, v in report.user_properties if k == RECORD_KEY]
-            if report.failed and all(r.passed for r in recs):
-                # A test that failed outside a recorded comparison still counts as a failure
-                # in the report: a summary must never say "0 failed" over a red run.
-                backend, recipe = next((v for k, v in report.user_properties if k == PARAMS_KEY), ("n/a", "n/a"))
-                recs.append(Record(test_id=report.nodeid, backend=backend, recipe=str(recipe), kind="test",
-                                   passed=False, message=_crash_message(report)))
             self.records += recs
+        # A test that failed outside a recorded comparison, errored, crashed or timed out is a
+        # record too (report/outcomes.py): a summary never says "0 failed" over a red run.
+        outcome = outcome_record(report, recs if report.when == "call" else [])
+        if outcome is not None:
+            self.records.append(outcome)
         if report.skipped and not hasattr(report, "wasxfail"):
             self.skipped.append({"test_id": report.nodeid, "reason": _skip_reason(report)})
         if str(getattr(report, "wasxfail", "")).startswith(WITNESS_DRIFT):
@@ -225,6 +231,7 @@ class Collector:
         if self.is_worker:
             return
         report = self.report()
+        run_guard.stamp_run(self.config, report, session)  # exit status; complete or why not
         path = self.config.getoption("mxcheck_report")
         if path:
             report.save(path)
@@ -238,10 +245,9 @@ class Collector:
         missing = _missing_packages(s["reason"] for s in self.skipped)
         if self.is_worker or not (self.records or self.comparison_text or self.witness_drifts or missing):
             return
-        failed = sum(not r.passed for r in self.records)
         tr = terminalreporter
         tr.section("mxcheck")
-        tr.write_line(f"{len(self.records)} numeric checks, {failed} failed, "
+        tr.write_line(f"{counts_text(self.records, 'numeric checks')}, "
                       f"{len(self.skipped)} tests skipped on this hardware, "
                       f"{len(self.witness_drifts)} witness drifts")
         for d in sorted(self.witness_drifts, key=lambda d: d["test_id"]):
@@ -274,12 +280,16 @@ def _check_report_path(path: str | None) -> None:
                                 "writable")
 
 
-def _load_baseline(path: str | None) -> Report | None:
-    """The baseline report, or UsageError at configure naming the option, file and problem."""
+def _load_baseline(path: str | None, allow_incomplete: bool = False) -> Report | None:
+    """The baseline report, or UsageError at configure naming the option, file and problem
+    (an incomplete report is one, unless ``allow_incomplete``)."""
     if not path:
         return None
     try:
-        return Report.load(path)
+        base = Report.load(path)
+        if not allow_incomplete:
+            require_complete(base, path, "pass --mxcheck-allow-incomplete-baseline to use it anyway")
+        return base
     except ReportError as e:  # says "<path>: cannot read report: ..." or what is invalid
         raise pytest.UsageError(f"--mxcheck-baseline: {e}") from None
 
@@ -299,11 +309,6 @@ def _keep_only(config: pytest.Config, items: list[pytest.Item], wanted: Callable
     if drop:
         config.hook.pytest_deselected(items=drop)
     items[:] = keep
-
-
-def _crash_message(report: pytest.TestReport) -> str:
-    crash = getattr(report.longrepr, "reprcrash", None)
-    return (crash.message if crash is not None else str(report.longrepr)).splitlines()[0][:500]
 
 
 def _skip_reason(report: pytest.TestReport) -> str:

@@ -303,7 +303,7 @@ def test_compare_lists_what_moved_with_the_given_margin(capsys: pytest.CaptureFi
     code, out, _ = run_cli(capsys, "compare", BASELINE, SMALL, "--max-drop-db", "2")
     assert code == 1  # both regressions are pass -> fail, which no margin excuses
     assert out.splitlines()[0] == ("mxcheck compare: 2 regressed, 0 improved, 1 added, "
-                                   "1 removed, 12 unchanged (max drop 2 dB)")
+                                   "1 not run, 12 unchanged (max drop 2 dB)")
     assert "REGRESSIONS (2):\n  mxfp4/triton wgrad double_blocks.0.img_mlp.0 " in out
     assert "SNR 10.50 -> 8.75 dB (drop 1.75 dB > 2)" not in out and "passed -> FAILED" in out
 
