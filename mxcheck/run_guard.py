@@ -88,8 +88,9 @@ def add_timeout_option(addoption: Callable[..., Any], prefix: str = "--mxcheck-"
 
 
 def grace_s(timeout: float) -> float:
-    """How long after the timeout the watchdog ends the process: layer 1's time to work."""
-    return max(2.0, timeout / 4)
+    """How long after the timeout the watchdog ends the process: layer 1's time to work, and
+    then pytest's time to format the failure (seconds, for a deep traceback on a busy runner)."""
+    return max(5.0, timeout / 4)
 
 
 class RunGuard:
@@ -108,6 +109,7 @@ class RunGuard:
         self.finishing = False
         self.reported: set[str] = set()
         self._down: dict[str, dict[str, Any]] = {}
+        self._nodes: dict[str, Any] = {}  # the controller's live xdist workers
         self._handlers: dict[int, Any] = {}
         self._stack_file: Any = None
         self._deadline: float | None = None
@@ -128,8 +130,20 @@ class RunGuard:
             raise KeyboardInterrupt(self.stop_reason)
 
     @pytest.hookimpl(tryfirst=True)
-    def pytest_sessionfinish(self) -> None:
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
         self.finishing = True
+        stopped = self.stop_reason or session.exitstatus == pytest.ExitCode.INTERRUPTED
+        path = self.config.getoption("mxcheck_report")
+        collector = self.config.pluginmanager.get_plugin("mxcheck-collector")
+        if stopped and path and collector is not None and not self.workerid:
+            # Written now, before xdist waits for its workers to stop: a CI runner follows
+            # its SIGTERM with SIGKILL seconds later. The collector writes it again at the end.
+            report = collector.report()
+            stamp_run(self.config, report, session)
+            report.save(path)
+        if stopped:  # as Ctrl-C in a terminal would: xdist otherwise waits 10 s per worker
+            for node in self._nodes.values():
+                _send(node, signal.SIGINT)
 
     def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo[BaseException]) -> None:
         self.interrupted = str(excinfo.value) or excinfo.typename
@@ -209,6 +223,8 @@ class RunGuard:
             signal.signal(signal.SIGALRM, previous)
 
     def _on_alarm(self, signum: int, frame: Any) -> None:
+        # The watchdog's window restarts: pytest now formats the failure and the teardown runs.
+        faulthandler.dump_traceback_later(grace_s(self.timeout), exit=True, file=self._stack_target())
         raise TimedOut(self.timeout, "".join(traceback.format_stack(frame, limit=STACK_FRAMES)))
 
     @pytest.hookimpl(wrapper=True)
@@ -246,9 +262,11 @@ class RunGuard:
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:
         node.workerinput[_DIR_KEY] = str(self._shared_dir())
+        self._nodes[node.gateway.id] = node
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: Any, error: Any) -> None:
+        self._nodes.pop(node.gateway.id, None)
         if error:
             self._down[node.gateway.id] = _why_down(node, self.dir)
 
@@ -273,12 +291,26 @@ class RunGuard:
         report.user_properties.append((OUTCOME_KEY, details))
 
 
+def _popen(node: Any) -> Any:
+    """The worker's subprocess.Popen: execnet's popen gateway keeps it at ``_io.popen``
+    (execnet/gateway_io.py, Popen2IOMaster, 2.1); None for another kind of gateway."""
+    return getattr(getattr(node.gateway, "_io", None), "popen", None)
+
+
+def _send(node: Any, sig: int) -> None:
+    popen = _popen(node)
+    if popen is not None and popen.poll() is None:
+        try:
+            popen.send_signal(sig)
+        except OSError:  # it ended meanwhile
+            pass
+
+
 def _why_down(node: Any, folder: Path | None) -> dict[str, Any]:
     """What a dead worker left: its exit status (a signal is negative), the test it was
     running, and the watchdog's stacks if a timeout ended it."""
     out: dict[str, Any] = {}
-    # execnet's popen gateway keeps its subprocess.Popen here (execnet/gateway_io.py, 2.1).
-    popen = getattr(getattr(node.gateway, "_io", None), "popen", None)
+    popen = _popen(node)
     try:
         code = popen.wait(timeout=10) if popen is not None else None
     except Exception:  # a worker that will not say how it ended: no signal
