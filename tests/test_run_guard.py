@@ -131,15 +131,12 @@ def test_sigterm_writes_an_incomplete_report_that_compare_refuses(pytester: pyte
     proc = pytester.popen([sys.executable, "-m", "pytest", "-n", "2", "-p", "xdist",
                            "--dist", "loadfile", "--mxcheck-report", str(out)],
                           stdin=pytester.CLOSE_STDIN)
-    start = time.monotonic()
     deadline = time.monotonic() + 90
     while len(list(pytester.path.glob("done-fast-*"))) < 4 and time.monotonic() < deadline:
         time.sleep(0.2)
     time.sleep(1.0)  # the controller has the fast tests' reports
-    t0 = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == pytest.ExitCode.INTERRUPTED
-    print("SIGTERM to exit", time.monotonic() - t0, "start to SIGTERM", t0 - start)
     report = Report.load(out)  # valid JSON
     assert not report.complete
     assert report.incomplete_reason.startswith("SIGTERM received after 4 of 8 tests")
@@ -153,3 +150,15 @@ def test_sigterm_writes_an_incomplete_report_that_compare_refuses(pytester: pyte
     refused = pytester.runpytest("-p", "no:xdist", "--mxcheck-baseline", str(out), "test_a.py")
     assert refused.ret == pytest.ExitCode.USAGE_ERROR
     refused.stderr.fnmatch_lines(["*--mxcheck-baseline*incomplete*--mxcheck-allow-incomplete-baseline*"])
+
+
+def test_a_run_stopped_by_maxfail_is_incomplete_and_one_that_finished_is_not(pytester: pytest.Pytester):
+    pytester.makepyfile("import pytest\n@pytest.mark.parametrize('i', range(3))\n"
+                        "def test_x(i):\n    assert i != 0\n")
+    out = pytester.path / "r.json"
+    pytester.runpytest("-p", "no:xdist", "-x", "--mxcheck-report", str(out))
+    stopped = Report.load(out)
+    assert (stopped.complete, stopped.incomplete_reason) == (False, "stopping after 1 failures after 1 of 3 tests")
+    pytester.runpytest("-p", "no:xdist", "--mxcheck-report", str(out))
+    finished = Report.load(out)
+    assert (finished.complete, finished.exit_status) == (True, 1)
