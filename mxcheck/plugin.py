@@ -20,9 +20,10 @@ import pytest
 import torch
 
 from mxcheck import backends as backend_registry
-from mxcheck import hardware
+from mxcheck import hardware, run_guard
 from mxcheck.backends.contract import MissingDependency
 from mxcheck.cli import add_max_drop_option
+from mxcheck.cli.common import add_allow_incomplete_option
 from mxcheck.deps import REQUIRE_DEPS_ENV, export_require_deps, needs
 from mxcheck.report import (
     Record,
@@ -32,23 +33,21 @@ from mxcheck.report import (
     compare,
     format_comparison,
 )
+from mxcheck.report.compare import require_complete
+from mxcheck.report.outcomes import (
+    PARAMS_KEY,
+    SKIP_KIND_KEY,
+    SKIP_KINDS,
+    counts_text,
+    outcome_record,
+    skip_summary,
+)
 
 __all__ = ["COLLECTOR", "RECORD_KEY", "REQUIRE_DEPS_ENV", "SKIP_KINDS", "WITNESS_DRIFT", "Collector", "add_options",
            "needs", "skip_as"]
 
 COLLECTOR = pytest.StashKey["Collector"]()
 RECORD_KEY = "mxcheck_record"
-PARAMS_KEY = "mxcheck_params"  # [backend, recipe] of a parametrized test
-SKIP_KIND_KEY = "mxcheck_skip_kind"  # why a test skipped, as one of SKIP_KINDS
-# A skip's kind -> how the summary names it. A skip without a kind (a marker's, a missing
-# test dependency's) is "other". Only "unsupported" and "refused" are the backend's word.
-SKIP_KINDS = {
-    "unsupported": "not supported by the backend",  # supports(recipe) said no
-    "unavailable": "not runnable here",  # available() said no, or a hardware marker
-    "refused": "refused (declared)",  # a method raised mxcheck.backends.Refusal
-    "not_applicable": "not applicable",  # the check needs a method or feature the backend lacks
-    "other": "other skips",
-}
 SEEDED_FIXTURES = frozenset({"mxcheck_generator", "mxcheck_seed"})
 # An xfail whose reason starts so is a witness library (ml_dtypes, torch, gfloat, torchao)
 # newer than the versions a test pinned, answering differently: counted in the report.
@@ -121,6 +120,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     _add_require_deps_option(group.addoption)
     _add_seeded_only_option(group.addoption)
     _add_recipe_option(group.addoption)
+    # run guard (mxcheck/run_guard.py): timeouts; incomplete reports are no baselines
+    run_guard.add_timeout_option(group.addoption)
+    add_allow_incomplete_option(group.addoption, "--mxcheck-")
 
 
 # ------------------------------------------------------------------ configure
@@ -135,6 +137,7 @@ def pytest_configure(config: pytest.Config) -> None:
     export_require_deps(config)
     collector = config.stash[COLLECTOR] = Collector.from_config(config)
     config.pluginmanager.register(collector, "mxcheck-collector")
+    run_guard.register(config)  # timeouts, crashed workers, SIGTERM/SIGINT
 
 
 class Collector:
@@ -170,7 +173,8 @@ class Collector:
         collector = cls(config, loaded, recipes)
         if not collector.is_worker:  # the controller alone writes and compares
             _check_report_path(config.getoption("mxcheck_report"))
-            collector.baseline = _load_baseline(config.getoption("mxcheck_baseline"))
+            collector.baseline = _load_baseline(config.getoption("mxcheck_baseline"),
+                                                config.getoption("mxcheck_allow_incomplete_baseline"))
         return collector
 
     @property
@@ -237,13 +241,12 @@ class Collector:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when == "call":
             recs = [Record.from_json(v) for k, v in report.user_properties if k == RECORD_KEY]
-            if report.failed and all(r.passed for r in recs):
-                # A test that failed outside a recorded comparison still counts as a failure
-                # in the report: a summary must never say "0 failed" over a red run.
-                backend, recipe = next((v for k, v in report.user_properties if k == PARAMS_KEY), ("n/a", "n/a"))
-                recs.append(Record(test_id=report.nodeid, backend=backend, recipe=str(recipe), kind="test",
-                                   passed=False, message=_crash_message(report)))
             self.records += recs
+        # A test that failed outside a recorded comparison, errored, crashed or timed out is a
+        # record too (report/outcomes.py): a summary never says "0 failed" over a red run.
+        outcome = outcome_record(report, recs if report.when == "call" else [])
+        if outcome is not None:
+            self.records.append(outcome)
         if report.skipped and not hasattr(report, "wasxfail"):
             kind = next((v for k, v in report.user_properties if k == SKIP_KIND_KEY), "other")
             self.skipped.append({"test_id": report.nodeid, "reason": _skip_reason(report), "kind": kind})
@@ -268,6 +271,7 @@ class Collector:
         if self.is_worker:
             return
         report = self.report()
+        run_guard.stamp_run(self.config, report, session)  # exit status; complete or why not
         path = self.config.getoption("mxcheck_report")
         if path:
             report.save(path)
@@ -282,10 +286,9 @@ class Collector:
         if self.is_worker or not (self.records or self.comparison_text or self.witness_drifts or missing
                                   or self.skipped):
             return
-        failed = sum(not r.passed for r in self.records)
         tr = terminalreporter
         tr.section("mxcheck")
-        tr.write_line(f"{len(self.records)} numeric checks, {failed} failed, "
+        tr.write_line(f"{counts_text(self.records, 'numeric checks')}, "
                       f"{len(self.witness_drifts)} witness drifts")
         if self.skipped:
             tr.write_line(f"{len(self.skipped)} tests skipped: {skip_summary(self.skipped)}")
@@ -297,15 +300,6 @@ class Collector:
             tr.write_line(f"report: {self.config.getoption('mxcheck_report')}")
         if self.comparison_text:
             tr.write_line(self.comparison_text)
-
-
-def skip_summary(skipped: Iterable[dict[str, str]]) -> str:
-    """'3 not supported by the backend, 2 refused (declared)': the skips counted by kind."""
-    counts: dict[str, int] = {}
-    for s in skipped:
-        kind = s.get("kind", "other")
-        counts[kind] = counts.get(kind, 0) + 1
-    return ", ".join(f"{counts[k]} {text}" for k, text in SKIP_KINDS.items() if counts.get(k))
 
 
 def skip_as(node: pytest.Item, kind: str, reason: str) -> None:
@@ -344,12 +338,16 @@ def _check_report_path(path: str | None) -> None:
                                 "writable")
 
 
-def _load_baseline(path: str | None) -> Report | None:
-    """The baseline report, or UsageError at configure naming the option, file and problem."""
+def _load_baseline(path: str | None, allow_incomplete: bool = False) -> Report | None:
+    """The baseline report, or UsageError at configure naming the option, file and problem
+    (an incomplete report is one, unless ``allow_incomplete``)."""
     if not path:
         return None
     try:
-        return Report.load(path)
+        base = Report.load(path)
+        if not allow_incomplete:
+            require_complete(base, path, "pass --mxcheck-allow-incomplete-baseline to use it anyway")
+        return base
     except ReportError as e:  # says "<path>: cannot read report: ..." or what is invalid
         raise pytest.UsageError(f"--mxcheck-baseline: {e}") from None
 
@@ -369,11 +367,6 @@ def _keep_only(config: pytest.Config, items: list[pytest.Item], wanted: Callable
     if drop:
         config.hook.pytest_deselected(items=drop)
     items[:] = keep
-
-
-def _crash_message(report: pytest.TestReport) -> str:
-    crash = getattr(report.longrepr, "reprcrash", None)
-    return (crash.message if crash is not None else str(report.longrepr)).splitlines()[0][:500]
 
 
 def _skip_reason(report: pytest.TestReport) -> str:

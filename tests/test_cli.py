@@ -225,7 +225,7 @@ def test_report_writes_markdown_and_html_files(capsys: pytest.CaptureFixture[str
     code, out, err = run_cli(capsys, "report", SMALL, "--md", md, "--html", html)
     assert (code, out) == (0, "")
     assert md.read_text(encoding="utf-8").splitlines()[0] == (
-        "**mxcheck**: 15 checks, 4 failed, 2 skipped on this hardware; worst: SNR is NaN "
+        "**mxcheck**: 15 checks, 4 failed, 2 skipped (2 other); worst: SNR is NaN "
         "(wgrad double_blocks.0.img_mod.lin, mxfp6/aiter)")
     page = html.read_text(encoding="utf-8")
     assert page.startswith("<!DOCTYPE html>") and page.count('src="data:image/png;base64,') == 3
@@ -237,7 +237,7 @@ def test_report_prints_markdown_without_an_output_and_is_quiet_when_asked(
         capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run_cli(capsys, "report", SMALL, "-q")
     assert (code, err) == (0, "")
-    assert out.startswith("**mxcheck**: 15 checks, 4 failed, 2 skipped on this hardware")
+    assert out.startswith("**mxcheck**: 15 checks, 4 failed, 2 skipped (2 other)")
     assert "#### mxfp4 / triton: 7 checks, 2 failed, worst margin -1.25 dB" in out
 
 
@@ -303,7 +303,7 @@ def test_compare_lists_what_moved_with_the_given_margin(capsys: pytest.CaptureFi
     code, out, _ = run_cli(capsys, "compare", BASELINE, SMALL, "--max-drop-db", "2")
     assert code == 1  # both regressions are pass -> fail, which no margin excuses
     assert out.splitlines()[0] == ("mxcheck compare: 2 regressed, 0 improved, 1 added, "
-                                   "1 removed, 12 unchanged (max drop 2 dB)")
+                                   "1 not run, 12 unchanged (max drop 2 dB)")
     assert "REGRESSIONS (2):\n  mxfp4/triton wgrad double_blocks.0.img_mlp.0 " in out
     assert "SNR 10.50 -> 8.75 dB (drop 1.75 dB > 2)" not in out and "passed -> FAILED" in out
 

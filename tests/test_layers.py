@@ -69,6 +69,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "mxcheck.sweep", "mxcheck.deploy", "mxcheck.distributed", "mxcheck.distributed_check",
         "mxcheck.false_failure",  # the suite's randomized checks and their false-failure odds
         "mxcheck.conformance.suite",  # the installed test modules: pytest tests using the plugin
+        "mxcheck.run_guard",  # per-test timeouts, crashed workers and stop signals, for the report
     )),
 )
 RANK = {name: i for i, (name, _) in enumerate(LAYERS)}

@@ -571,7 +571,7 @@ def test_an_xdist_run_reports_what_a_serial_run_reports(pytester, cpu_only, monk
     assert [d["test_id"] for d in data["witness_drifts"]] == ["test_drift.py::test_drifted"]
     result.stdout.fnmatch_lines([
         "*6 numeric checks, 2 failed, 1 witness drifts",
-        "3 tests skipped: 1 not runnable here, 2 other skips",
+        "3 tests skipped: 1 not runnable here, 2 other",
         "test_drift.py::test_drifted: witness drift: ml_dtypes 0.8.0 gives 0x00 *",
         "missing packages (their tests skipped): mxcheck_absent_plots, mxcheck_absent_witness",
     ])

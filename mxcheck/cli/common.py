@@ -18,6 +18,7 @@ from mxcheck.report.compare import DEFAULT_MAX_DROP_DB
 __all__ = [
     "PROG",
     "CommandError",
+    "add_allow_incomplete_option",
     "add_json_flag",
     "add_max_drop_option",
     "add_token_args",
@@ -53,6 +54,13 @@ def parse_max_drop_db(text: str) -> float:
     if value < 0:
         raise argparse.ArgumentTypeError(f"max-drop-db must be >= 0, got {value!r}")
     return value
+
+
+def add_allow_incomplete_option(addoption: Callable[..., Any], prefix: str = "--") -> None:
+    """``{prefix}allow-incomplete-baseline``: through ``add_argument`` or pytest's ``addoption``."""
+    addoption(f"{prefix}allow-incomplete-baseline", action="store_true", default=False,
+              help="accept a baseline report whose run did not finish (complete: false, e.g. "
+                   "cancelled); its missing checks then read as new. Default: %(default)r")
 
 
 def add_max_drop_option(addoption: Callable[..., Any], prefix: str = "--") -> None:

@@ -96,9 +96,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: error: a command is required, one of {', '.join(COMMANDS)} "
               f"(see {PROG} --help)", file=sys.stderr)
         return 2
-    from mxcheck.backends import collapse_import_output  # noqa: PLC0415
-
-    collapse_import_output(not args.verbose)
+    try:
+        from mxcheck.backends import collapse_import_output  # noqa: PLC0415
+    except ImportError:  # a broken install: the commands that need backends say so
+        pass
+    else:
+        collapse_import_output(not args.verbose)
     try:
         return args.run(args)
     except CommandError as e:

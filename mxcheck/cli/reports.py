@@ -8,13 +8,15 @@ from pathlib import Path
 
 from mxcheck.cli.common import (
     CommandError,
+    add_allow_incomplete_option,
     add_max_drop_option,
     load_report,
     out,
     progress,
     write_text,
 )
-from mxcheck.report import compare_files, render_html, render_markdown
+from mxcheck.report import ReportError, compare_files, render_html, render_markdown
+from mxcheck.report.compare import require_complete
 from mxcheck.report.markdown import DEFAULT_ARTIFACT, DEFAULT_MAX_CHARS
 
 __all__ = ["compare_args", "report_args", "run_compare", "run_report"]
@@ -31,6 +33,7 @@ def report_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--baseline", type=Path, metavar="BASE.json",
                    help="add a column with the change against this report")
     add_max_drop_option(p.add_argument)
+    add_allow_incomplete_option(p.add_argument)
     p.add_argument("--max-chars", type=_max_chars, default=DEFAULT_MAX_CHARS, metavar="N",
                    help="cut the Markdown to at most N characters (GitHub refuses a comment "
                         "over 65,536), keeping the summary and failures first and saying how "
@@ -57,6 +60,11 @@ def run_report(args: argparse.Namespace) -> int:
     say = lambda msg: progress("report", msg, args.quiet)  # noqa: E731
     report = load_report(args.input)
     baseline = None if args.baseline is None else load_report(args.baseline)
+    if baseline is not None and not args.allow_incomplete_baseline:
+        try:
+            require_complete(baseline, str(args.baseline))
+        except ReportError as e:
+            raise CommandError(str(e)) from None
     n = f"{len(report.records)} records"
     try:
         if args.md is not None or args.html is None:
@@ -84,10 +92,12 @@ def compare_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("base", type=Path, metavar="BASE.json", help="the report to compare against")
     p.add_argument("new", type=Path, metavar="NEW.json", help="the report of this run")
     add_max_drop_option(p.add_argument)
+    add_allow_incomplete_option(p.add_argument)
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    code, text = compare_files(args.base, args.new, args.max_drop_db)
+    code, text = compare_files(args.base, args.new, args.max_drop_db,
+                               allow_incomplete_baseline=args.allow_incomplete_baseline)
     if code == 2:  # text is already "mxcheck compare: error: <file>: <problem>"
         sys.stderr.write(text)
     else:

@@ -3,6 +3,10 @@
 Records match on (test_id, layer, direction, backend, recipe, kind): kind is part of the
 match because one test may record an SNR and a bitwise check for the same GEMM.
 
+A check the base has and the new report lacks is "not run": listed, never counted as passing.
+A report of a run that did not finish (``Report.complete`` false) is refused as a base unless
+the caller allows it: every check it never ran would read as "new" in the next report.
+
 A regression is any of: the SNR dropped by more than ``max_drop_db``, a check that
 passed now fails, a result that was bit-equal no longer is. SNR arithmetic follows the
 values' meaning: Inf (bit-exact against truth) falling to any finite value is an
@@ -21,6 +25,7 @@ from mxcheck.report.schema import Record, Report, ReportError
 
 __all__ = [
     "DEFAULT_MAX_DROP_DB",
+    "NOT_RUN",
     "Change",
     "Comparison",
     "compare",
@@ -28,12 +33,23 @@ __all__ = [
     "describe",
     "format_comparison",
     "match_key",
+    "require_complete",
     "snr_drop_db",
 ]
 
 # A drop smaller than this is noise from a new seed or a new library version, not a
 # regression; the CLI and the Markdown baseline column use it unless told otherwise.
 DEFAULT_MAX_DROP_DB = 0.5
+NOT_RUN = "not run"  # what a check in the base and missing from the new report is called
+ALLOW_INCOMPLETE_HINT = "pass --allow-incomplete-baseline to compare against it anyway"
+
+
+def require_complete(base: Report, source: str, hint: str = ALLOW_INCOMPLETE_HINT) -> None:
+    """ReportError naming ``source`` and why, if ``base`` comes from a run that did not finish."""
+    if not base.complete:
+        raise ReportError(f"{source}: the base report is incomplete "
+                          f"({base.incomplete_reason or 'no reason recorded'}): a baseline "
+                          f"must come from a run that finished; {hint}")
 
 
 def match_key(record: Record) -> tuple[str, ...]:
@@ -77,10 +93,11 @@ class Comparison:
     removed: list[Record] = field(default_factory=list)
     unchanged: list[Change] = field(default_factory=list)  # matched, moved within the margin
     environment: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # key -> (base, new)
+    incomplete: str = ""  # why the new report's run did not finish; "" when it did
 
     @property
     def ok(self) -> bool:
-        """No regression. Added and removed checks are reported but do not fail."""
+        """No regression. Added and not-run (removed) checks are reported but do not fail."""
         return not self.regressions
 
 
@@ -127,7 +144,8 @@ def compare(base: Report, new: Report, max_drop_db: float = DEFAULT_MAX_DROP_DB)
             and max_drop_db >= 0):
         raise ValueError(f"max_drop_db={max_drop_db!r}; expected a finite number of dB >= 0")
     old, cur = _index(base, "base"), _index(new, "new")
-    c = Comparison(max_drop_db=float(max_drop_db))
+    c = Comparison(max_drop_db=float(max_drop_db),
+                   incomplete="" if new.complete else (new.incomplete_reason or "no reason recorded"))
     for key in sorted(old.keys() | cur.keys()):
         if key not in cur:
             c.removed.append(old[key])
@@ -168,7 +186,7 @@ def _section(title: str, lines: list[str]) -> list[str]:
 def format_comparison(c: Comparison) -> str:
     """Terminal text: a summary line, then each non-empty bucket, then the verdict."""
     counts = (f"{len(c.regressions)} regressed, {len(c.improvements)} improved, "
-              f"{len(c.added)} added, {len(c.removed)} removed, {len(c.unchanged)} unchanged")
+              f"{len(c.added)} added, {len(c.removed)} {NOT_RUN}, {len(c.unchanged)} unchanged")
     out = [f"mxcheck compare: {counts} (max drop {c.max_drop_db:g} dB)"]
     out += _section("REGRESSIONS", [f"{describe(ch.new)}: {'; '.join(ch.reasons)}"
                                     for ch in c.regressions])
@@ -177,23 +195,32 @@ def format_comparison(c: Comparison) -> str:
     # A check that is new and already failing does not fail the comparison, but must show.
     out += _section("Added", [f"{describe(r)}: SNR {_db(r.snr_db)} dB"
                               f"{'' if r.passed else ', FAILED'}" for r in c.added])
-    out += _section("Removed", [describe(r) for r in c.removed])
+    out += _section(f"{NOT_RUN.capitalize()} (in the base, missing from this report)",
+                    [describe(r) for r in c.removed])
     out += _section("Environment changed", [f"{k}: {a!r} -> {b!r}"
                                             for k, (a, b) in c.environment.items()])
     verdict = "OK" if c.ok else f"FAIL: {len(c.regressions)} regression(s)"
+    if c.incomplete:  # an unfinished run's missing checks are unknown, not passing
+        verdict += f"; INCOMPLETE: the new report's run did not finish ({c.incomplete})"
     out.append(verdict)
     return "\n".join(out) + "\n"
 
 
 def compare_files(base_path: str | os.PathLike[str], new_path: str | os.PathLike[str],
-                  max_drop_db: float = DEFAULT_MAX_DROP_DB) -> tuple[int, str]:
-    """(exit code, text) for ``mxcheck compare``: 0 no regression, 1 regression, 2 bad input.
+                  max_drop_db: float = DEFAULT_MAX_DROP_DB, *,
+                  allow_incomplete_baseline: bool = False) -> tuple[int, str]:
+    """(exit code, text) for ``mxcheck compare``: 0 no regression, 1 regression or a new
+    report whose run did not finish, 2 bad input.
 
-    A file that cannot be read, or two records with one identity, is exit code 2 with the
-    reason as the text, so the CLI never shows a traceback for a user's bad file.
+    A file that cannot be read, two records with one identity, or an incomplete base report
+    (unless ``allow_incomplete_baseline``) is exit code 2 with the reason as the text, so the
+    CLI never shows a traceback for a user's bad file.
     """
     try:
-        c = compare(Report.load(base_path), Report.load(new_path), max_drop_db)
+        base = Report.load(base_path)
+        if not allow_incomplete_baseline:
+            require_complete(base, str(base_path))
+        c = compare(base, Report.load(new_path), max_drop_db)
     except (ReportError, ValueError) as e:
         return 2, f"mxcheck compare: error: {e}\n"
-    return (0 if c.ok else 1), format_comparison(c)
+    return (0 if c.ok and not c.incomplete else 1), format_comparison(c)

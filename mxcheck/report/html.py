@@ -378,7 +378,7 @@ def render_html(report: Report, baseline: Report | None = None,
              for r in c.removed], ("check", "test id")))
     if report.skipped:
         skipped = sorted(report.skipped, key=lambda s: (s["test_id"], s["reason"]))
-        parts.append(f"<h2>Skipped on this hardware ({len(skipped)})</h2>")
+        parts.append(f"<h2>Skipped ({len(skipped)})</h2>")
         parts.append(_key_value_table([(s["test_id"], s["reason"]) for s in skipped],
                                       ("test id", "reason")))
     parts.append("<h2>Environment</h2>")

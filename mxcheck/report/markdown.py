@@ -3,7 +3,7 @@
 The layout, shared with the HTML page (which imports the row model from here):
 a summary line, a baseline line when a baseline is given, then one table per
 (recipe, backend) with failures first and then the smallest margin first (the rows a
-reviewer should read), then the checks skipped on this hardware. Long tables fold into
+reviewer should read), then the skipped checks. Long tables fold into
 ``<details>``; a table with a failure is folded open.
 
 GitHub refuses a comment over 65,536 characters, so ``render_markdown(max_chars=...)`` cuts
@@ -17,7 +17,14 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from mxcheck.report.compare import DEFAULT_MAX_DROP_DB, Comparison, compare, match_key
+from mxcheck.report.compare import DEFAULT_MAX_DROP_DB, NOT_RUN, Comparison, compare, match_key
+from mxcheck.report.outcomes import (
+    TEST_OUTCOMES,
+    counts_text,
+    outcome_of,
+    run_status_text,
+    skip_summary,
+)
 from mxcheck.report.schema import Record, Report
 
 __all__ = [
@@ -140,14 +147,21 @@ def _where(r: Record) -> str:
 
 
 def summary_text(report: Report) -> str:
-    """"412 checks, 3 failed, 5 skipped on this hardware; worst margin -1.20 dB (...)"."""
-    failed = sum(not r.passed for r in report.records)
-    text = (f"{len(report.records)} checks, {failed} failed, "
-            f"{len(report.skipped)} skipped on this hardware")
+    """"412 checks, 3 failed, 5 skipped (3 not supported by the backend, 2 not runnable here);
+    worst margin -1.20 dB (...)".
+
+    Errored, crashed and timed-out tests are counted apart where there are any; a run that
+    did not finish opens with "INCOMPLETE (why)", and one that pytest failed with no failed
+    record opens with its exit status (see ``outcomes.run_status_text``).
+    """
+    text = f"{counts_text(report.records)}, {len(report.skipped)} skipped"
+    if report.skipped:
+        text += f" ({skip_summary(report.skipped)})"
     w = worst(report.records)
     if w is not None:
         text += f"; {worst_text(w)} ({_where(w)}, {w.recipe}/{w.backend})"
-    return text
+    status = run_status_text(report)
+    return f"{status}: {text}" if status else text
 
 
 def worst_text(w: Record) -> str:
@@ -189,8 +203,10 @@ def _md_row(row: Row, with_baseline: bool) -> str:
     check = md_escape(short_test_id(r.test_id))
     if r.layer:
         check = f"{md_escape(r.layer)}<br><sub>{check}</sub>"
-    if r.kind != "snr":
-        check += f" <sub>({md_escape(r.kind)})</sub>"
+    outcome = outcome_of(r)
+    if r.kind != "snr" or outcome not in ("passed", "failed"):
+        tag = r.kind if outcome in ("passed", "failed") else f"{r.kind} {TEST_OUTCOMES[outcome]}"
+        check += f" <sub>({md_escape(tag)})</sub>"
     if not r.passed and r.message:
         check += f"<br><sub>↳ {md_escape(r.message)}</sub>"
     cells = [check, r.direction or "–", shape_text(r), db_text(r.snr_db),
@@ -207,7 +223,7 @@ def _md_table(name: tuple[str, str], rows: list[Row], lines: list[str],
     """A group's table: the title counts all ``rows``; ``lines`` are the rendered rows shown."""
     records = [row.record for row in rows]
     failed = sum(not r.passed for r in records)
-    title = f"{md_escape(name[0])} / {md_escape(name[1])}: {len(rows)} checks, {failed} failed"
+    title = f"{md_escape(name[0])} / {md_escape(name[1])}: {counts_text(records)}"
     w = worst(records)
     if w is not None:
         title += f", {worst_text(w)}"
@@ -258,9 +274,9 @@ class _Parts:
             lines = shown("row", name, self.rows[name])
             if lines or keep is None:
                 out += _md_table(name, rows, lines, self.with_baseline)
-        out += _md_list("In the baseline, missing from this run", len(self.removed),
+        out += _md_list(f"{NOT_RUN.capitalize()}: in the baseline, missing from this run", len(self.removed),
                         shown("removed", None, self.removed))
-        out += _md_list("Skipped on this hardware", len(self.skipped),
+        out += _md_list("Skipped", len(self.skipped),
                         shown("skipped", None, self.skipped))
         out.append(self.foot)
         return "\n".join(out) + "\n"

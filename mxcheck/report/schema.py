@@ -7,7 +7,10 @@ with sorted keys so the same records give byte-identical files whatever order xd
 workers delivered them in. Keys this version does not know are kept and written back,
 so a newer writer's sections survive a merge by an older reader. ``witness_drifts``
 (tests xfailed because a witness library newer than its pins answered differently) is
-written only when a run saw any, so reports without drift read as before.
+written only when a run saw any, so reports without drift read as before. Likewise
+``complete: false`` and ``incomplete_reason`` are written only for a run that did not finish
+(a signal, --maxfail, too many crashed workers): a report without them is complete.
+``exit_status`` is pytest's, where pytest wrote the report.
 """
 
 from __future__ import annotations
@@ -215,6 +218,17 @@ class Report:
     version: int = SCHEMA_VERSION
     unknown: dict[str, Any] = field(default_factory=dict)  # top-level keys from a newer writer
     witness_drifts: list[dict[str, str]] = field(default_factory=list)  # {"test_id", "reason"}
+    # Did the run finish? A run ended by a signal, --maxfail or a crash limit did not, and
+    # its report cannot serve as a baseline (a missing check would read as never run).
+    complete: bool = True
+    incomplete_reason: str = ""  # why not complete, e.g. "SIGTERM after 40 of 235 tests"
+    exit_status: int | None = None  # pytest's exit status, where pytest wrote the report
+
+    def __post_init__(self) -> None:
+        self.complete = _as_bool(self.complete, "complete", optional=False)
+        if not isinstance(self.incomplete_reason, str):
+            raise ValueError(f"incomplete_reason={self.incomplete_reason!r}; expected a string")
+        self.exit_status = _as_int(self.exit_status, "exit_status")
 
     @classmethod
     def merge(cls, reports: list[Report]) -> Report:
@@ -234,6 +248,11 @@ class Report:
             witness_drifts=sorted((d for r in reports for d in r.witness_drifts), key=_skip_key),
             version=versions.pop() if versions else SCHEMA_VERSION,
             unknown=_merge_dicts([r.unknown for r in reports]),
+            complete=all(r.complete for r in reports),
+            incomplete_reason="; ".join(sorted({r.incomplete_reason for r in reports
+                                                if r.incomplete_reason})),
+            exit_status=max((r.exit_status for r in reports if r.exit_status is not None),
+                            default=None),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -245,6 +264,10 @@ class Report:
             records=[r.to_json() for r in sorted(self.records, key=Record.sort_key)],
             skipped=sorted(_check_skipped(self.skipped), key=_skip_key),
         )
+        if not self.complete:
+            out.update(complete=False, incomplete_reason=self.incomplete_reason)
+        if self.exit_status is not None:
+            out["exit_status"] = self.exit_status
         if self.witness_drifts:
             out["witness_drifts"] = sorted(_check_skipped(self.witness_drifts, "witness_drifts"), key=_skip_key)
         return out
@@ -272,8 +295,12 @@ class Report:
                 records.append(Record.from_json(item))
             except (TypeError, ValueError) as e:
                 raise ValueError(f"records[{i}]: {e}") from None
-        known = ("version", "environment", "records", "skipped", "witness_drifts")
-        return cls(environment=env, records=records,
+        known = ("version", "environment", "records", "skipped", "witness_drifts", "complete",
+                 "incomplete_reason", "exit_status")
+        # A report written before "complete" existed came from a run that finished writing.
+        return cls(environment=env, records=records, complete=data.get("complete", True),
+                   incomplete_reason=data.get("incomplete_reason", ""),
+                   exit_status=data.get("exit_status"),
                    skipped=_check_skipped(data.get("skipped", [])),
                    witness_drifts=_check_skipped(data.get("witness_drifts", []), "witness_drifts"),
                    unknown={k: v for k, v in data.items() if k not in known})
@@ -307,6 +334,8 @@ class Report:
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 f.write(text)
+                f.flush()
+                os.fsync(f.fileno())  # the rename must not land before the bytes do
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)

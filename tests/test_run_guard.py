@@ -1,0 +1,164 @@
+"""Runs that end badly still tell the report: crashed workers, hangs, SIGTERM; incomplete
+reports are refused as baselines. The end-to-end runs go through pytester with a backend that
+crashes or hangs in ``quantize`` on chosen recipes."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+
+import pytest
+
+from mxcheck.report import Report, compare_files, render_markdown
+
+pytestmark = pytest.mark.emulated
+
+# The emulated backend, except that quantize misbehaves on one element format each:
+# e2m1 (mxfp4) sends itself SIGSEGV as an illegal memory access does; e2m3 (mxfp6) sleeps
+# (a hang the alarm can interrupt); tensorwise e4m3 (fp8) blocks SIGALRM first, as a kernel
+# call that never returns to Python would, so only the watchdog can end it. mxfp8 passes.
+CHAOS_BACKEND = """
+import os, signal, time
+from mxcheck.backends.emulated import EmulatedBackend
+
+class Chaos(EmulatedBackend):
+    name = "chaos"
+
+    def quantize(self, x, spec, *, state=None):
+        if spec.fmt == "e2m1":
+            os.kill(os.getpid(), signal.SIGSEGV)
+        if spec.fmt == "e2m3":
+            time.sleep(3600)
+        if spec.fmt == "e4m3" and spec.scaling != "mx":
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+            time.sleep(3600)
+        return super().quantize(x, spec, state=state)
+"""
+
+
+QUANTIZE_TEST = """
+import pytest, torch
+import mxcheck.gemm, mxcheck.report.recorder  # imported before the clock starts
+torch.unravel_index(torch.tensor(0), (1,))  # torch imports its _refs on first use
+from mxcheck.recipes import RECIPES
+
+@pytest.mark.parametrize(("recipe", "n"), [{cases}])
+def test_quantize(backend, numerics, recipe, n):
+    x = torch.randn(4, n, generator=torch.Generator().manual_seed(n))
+    q = backend.quantize(x, RECIPES[recipe].x_row)
+    numerics.context(recipe=recipe, direction="quantize", m=4, k=n).snr(q.dequantize(), x, 5.0)
+"""
+
+
+def _chaos(pytester: pytest.Pytester, cases: str) -> None:
+    pytester.makepyfile(chaos=CHAOS_BACKEND, test_quantize=QUANTIZE_TEST.format(cases=cases))
+    pytester.syspathinsert()
+
+
+def _by_outcome(report: Report) -> dict[str, list]:
+    out: dict[str, list] = {}
+    for r in report.records:
+        out.setdefault(r.extra.get("outcome", "passed" if r.passed else "failed"), []).append(r)
+    return out
+
+
+def test_crashed_and_hung_workers_are_records_and_the_run_goes_on(pytester: pytest.Pytester):
+    _chaos(pytester, '("mxfp4", 64), ("mxfp4", 128), ("fp8", 64)')
+    out = pytester.path / "report.json"
+    start = time.monotonic()
+    result = pytester.runpytest_subprocess(
+        "-n", "2", "-p", "xdist", "--mxcheck-backend", "chaos:Chaos", "--mxcheck-timeout", "1",
+        "--mxcheck-report", str(out), timeout=240)
+    assert time.monotonic() - start < 120  # the hangs sleep for an hour
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    report = Report.load(out)
+    outcomes = _by_outcome(report)
+    crashed = sorted(r.test_id.split("[")[1] for r in outcomes["crashed"])
+    assert crashed == ["chaos-mxfp4-128]", "chaos-mxfp4-64]"]
+    assert {(r.recipe, r.backend, r.extra["signal"]) for r in outcomes["crashed"]} == \
+        {("mxfp4", "chaos", "SIGSEGV")}
+    [hung] = outcomes["timed_out"]  # the watchdog's stack: the alarm could not end it
+    assert (hung.recipe, hung.extra["timeout_s"]) == ("fp8", 1.0)
+    assert hung.extra["stack"].splitlines()[1].endswith("line 14 in quantize")  # innermost first
+    assert "in quantize (chaos.py:14)" in hung.message and "ended and replaced" in hung.message
+    assert "passed" not in outcomes and "failed" not in outcomes
+    assert report.complete and report.exit_status == 1
+    assert render_markdown(report).startswith(
+        "**mxcheck**: 0 checks, 0 failed, 2 crashed, 1 timed out, 0 skipped")
+    result.stdout.fnmatch_lines(["0 numeric checks, 0 failed, 2 crashed, 1 timed out, *"])
+
+
+def test_a_hang_ends_at_the_timeout_and_the_other_recipes_are_reported(pytester: pytest.Pytester):
+    _chaos(pytester, '("mxfp6", 64), ("mxfp8", 64), ("mxfp8", 128)')
+    out = pytester.path / "report.json"
+    start = time.monotonic()
+    result = pytester.runpytest("-p", "no:xdist", "--mxcheck-backend", "chaos:Chaos",
+                                "--mxcheck-timeout", "1", "--mxcheck-report", str(out))
+    assert time.monotonic() - start < 1 + 20  # pytester's own start and torch included
+    result.assert_outcomes(passed=2, failed=1)
+    outcomes = _by_outcome(Report.load(out))
+    [hung] = outcomes["timed_out"]
+    assert (hung.recipe, hung.kind, hung.extra["timeout_s"]) == ("mxfp6", "test", 1.0)
+    assert hung.extra["stack"].rstrip().endswith("time.sleep(3600)")  # innermost frame last
+    assert hung.message == "timed out after 1 s (--mxcheck-timeout) in quantize (chaos.py:11)"
+    assert [(r.recipe, r.k) for r in outcomes["passed"]] == [("mxfp8", 128), ("mxfp8", 64)]
+
+
+def test_timeout_zero_turns_it_off(pytester: pytest.Pytester):
+    pytester.makepyfile("import time, mxcheck.report.recorder\n"
+                        "def test_slow(numerics):\n    time.sleep(0.6)\n")
+    pytester.runpytest("-p", "no:xdist", "--mxcheck-timeout", "0.3").assert_outcomes(failed=1)
+    pytester.runpytest("-p", "no:xdist", "--mxcheck-timeout", "0").assert_outcomes(passed=1)
+
+
+SLOW_AND_FAST = """
+import pathlib, time, pytest, torch
+
+@pytest.mark.parametrize("i", range({n}))
+def test_{name}(numerics, i):
+    time.sleep({sleep})
+    x = torch.ones(8, dtype=torch.float64)
+    numerics.context(recipe="fp8", layer=f"{name}{{i}}").snr(x, x, 10.0)
+    pathlib.Path("done-{name}-%d" % i).touch()
+"""
+
+
+def test_sigterm_writes_an_incomplete_report_that_compare_refuses(pytester: pytest.Pytester):
+    pytester.makepyfile(test_a=SLOW_AND_FAST.format(name="fast", n=4, sleep=0),
+                        test_b=SLOW_AND_FAST.format(name="slow", n=4, sleep=30))
+    out = pytester.path / "report.json"
+    proc = pytester.popen([sys.executable, "-m", "pytest", "-n", "2", "-p", "xdist",
+                           "--dist", "loadfile", "--mxcheck-report", str(out)],
+                          stdin=pytester.CLOSE_STDIN)
+    deadline = time.monotonic() + 90
+    while len(list(pytester.path.glob("done-fast-*"))) < 4 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(1.0)  # the controller has the fast tests' reports
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == pytest.ExitCode.INTERRUPTED
+    report = Report.load(out)  # valid JSON
+    assert not report.complete
+    assert report.incomplete_reason.startswith("SIGTERM received after 4 of 8 tests")
+    assert sorted(r.layer for r in report.records) == ["fast0", "fast1", "fast2", "fast3"]
+    assert render_markdown(report).startswith("**mxcheck**: INCOMPLETE (SIGTERM received after 4")
+    code, text = compare_files(out, out)
+    assert code == 2 and "the base report is incomplete (SIGTERM received" in text
+    assert "--allow-incomplete-baseline" in text
+    code, text = compare_files(out, out, allow_incomplete_baseline=True)
+    assert code == 1 and "INCOMPLETE: the new report's run did not finish" in text
+    refused = pytester.runpytest("-p", "no:xdist", "--mxcheck-baseline", str(out), "test_a.py")
+    assert refused.ret == pytest.ExitCode.USAGE_ERROR
+    refused.stderr.fnmatch_lines(["*--mxcheck-baseline*incomplete*--mxcheck-allow-incomplete-baseline*"])
+
+
+def test_a_run_stopped_by_maxfail_is_incomplete_and_one_that_finished_is_not(pytester: pytest.Pytester):
+    pytester.makepyfile("import pytest\n@pytest.mark.parametrize('i', range(3))\n"
+                        "def test_x(i):\n    assert i != 0\n")
+    out = pytester.path / "r.json"
+    pytester.runpytest("-p", "no:xdist", "-x", "--mxcheck-report", str(out))
+    stopped = Report.load(out)
+    assert (stopped.complete, stopped.incomplete_reason) == (False, "stopping after 1 failures after 1 of 3 tests")
+    pytester.runpytest("-p", "no:xdist", "--mxcheck-report", str(out))
+    finished = Report.load(out)
+    assert (finished.complete, finished.exit_status) == (True, 1)
