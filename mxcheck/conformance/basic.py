@@ -66,7 +66,7 @@ def check_quantize(backend: Any, recipe: Recipe, gen: torch.Generator, numerics:
             # A quantizer may lack a feature (AITER: 2D blocks): it raises Refusal, which the
             # suite counts as refused; any other exception is a failure.
             theirs = backend.quantize(t, spec, **fresh_state(recipe, name))
-            for field in ("codes", "scales", "block_scales", "scale_inv"):
+            for field in ("scales", "block_scales", "scale_inv", "codes"):  # a wrong scale first: it explains the codes
                 if hasattr(ours, field):
                     _bitwise(numerics, getattr(theirs, field), getattr(ours, field), recipe=recipe.name,
                              layer=f"{name}.{field} ({what} input)", direction="quantize")
