@@ -37,7 +37,9 @@ def conform_args(p: argparse.ArgumentParser) -> None:
 def pytest_args(args: argparse.Namespace, report: str) -> list[str]:
     """The pytest command line ``mxcheck conform`` runs."""
     out = ["--pyargs", SUITE, "-p", "no:cacheprovider", "--rootdir", str(Path(report).parent),
-           "-o", "addopts=", "--strict-markers", "-ra", "--mxcheck-report", report, "--mxcheck-seed", str(args.seed)]
+           "-o", "addopts=", "--strict-markers", "-ra",
+           # this command imported mxcheck before pytest could register it for assertion rewriting
+           "-W", "ignore::pytest.PytestAssertRewriteWarning", "--mxcheck-report", report, "--mxcheck-seed", str(args.seed)]
     for b in args.backend:
         out += ["--mxcheck-backend", b]
     for r in args.recipe:
