@@ -14,7 +14,8 @@ import pytest
 import torch
 
 import mxcheck
-from mxcheck.backends import Refusal
+import mxcheck.backends
+from mxcheck.backends import BackendLoadError, Refusal
 from mxcheck.recipes import get_recipe
 
 pytestmark = pytest.mark.emulated
@@ -26,7 +27,7 @@ MXCHECK_ROOT = Path(mxcheck.__file__).resolve().parents[1]
 
 # Backends a user might write by mistake, on top of the example.
 _MISTAKES = '''
-from mxcheck.backends import Refusal
+from mxcheck.backends import BackendLoadError, Refusal
 from toy_mx import ToyMX
 
 class RaisesValueError(ToyMX):
@@ -131,3 +132,16 @@ def test_a_run_whose_only_check_passes_without_a_record_counts_as_judged(tmp_pat
     code, out, report = _conform(tmp_path, "toy_mx:make_backend", "-k", "gemm")
     assert (code, report["records"]) == (0, []), out
     assert "nothing was judged" not in out, out
+
+
+def test_a_backend_module_that_is_not_importable_is_named_with_how_to_make_it_importable():
+    with pytest.raises(BackendLoadError, match=r"cannot import 'no_such_kernels\.quant'.*put the directory that "
+                                               r"holds 'no_such_kernels' on PYTHONPATH"):
+        mxcheck.backends.get("no_such_kernels.quant:make_backend")
+
+
+def test_a_missing_dependency_inside_the_backend_module_gets_no_pythonpath_hint(tmp_path, monkeypatch):
+    (tmp_path / "needs_a_dep.py").write_text("import no_such_dependency_xyz\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(BackendLoadError, match=r"No module named 'no_such_dependency_xyz'\)$"):
+        mxcheck.backends.get("needs_a_dep:make_backend")

@@ -62,7 +62,11 @@ def _load_spec(spec: str) -> Callable[[], Backend]:
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
-        raise BackendLoadError(f"backend {spec!r}: cannot import {module_name!r} ({e})") from e
+        hint = ""
+        if isinstance(e, ModuleNotFoundError) and e.name and f"{module_name}.".startswith(f"{e.name}."):
+            hint = (f"; put the directory that holds {e.name!r} on PYTHONPATH "
+                    "(PYTHONPATH=$PWD) or pip install its package")
+        raise BackendLoadError(f"backend {spec!r}: cannot import {module_name!r} ({e}){hint}") from e
     factory = getattr(module, attr, None)
     if factory is None:
         raise BackendLoadError(f"backend {spec!r}: module {module_name!r} has no attribute {attr!r}")
