@@ -40,7 +40,9 @@ def pytest_args(args: argparse.Namespace, report: str) -> list[str]:
     out = ["--pyargs", SUITE, "-p", "no:cacheprovider", "--rootdir", str(Path(report).parent),
            "-o", "addopts=", "--strict-markers", "-ra",
            # this command imported mxcheck before pytest could register it for assertion rewriting
-           "-W", "ignore::pytest.PytestAssertRewriteWarning", "--mxcheck-report", report, "--mxcheck-seed", str(args.seed)]
+           "-W", "ignore::pytest.PytestAssertRewriteWarning", "--mxcheck-seed", str(args.seed)]
+    if args.report:  # else none: a report in the temporary directory would be gone when printed
+        out += ["--mxcheck-report", report]
     for b in args.backend:
         out += ["--mxcheck-backend", b]
     for r in args.recipe:
