@@ -145,3 +145,13 @@ def test_a_missing_dependency_inside_the_backend_module_gets_no_pythonpath_hint(
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(BackendLoadError, match=r"No module named 'no_such_dependency_xyz'\)$"):
         mxcheck.backends.get("needs_a_dep:make_backend")
+
+
+def test_every_excerpt_of_the_example_in_the_guide_is_in_the_example_file():
+    guide = (EXAMPLES.parent / "backends.md").read_text()
+    source = set((EXAMPLES / "toy_mx.py").read_text().splitlines())
+    blocks = [b.split("```", 1)[0] for b in guide.split("```python\n")[1:]]
+    excerpts = [b.splitlines()[1:] for b in blocks if b.startswith("# docs/examples/toy_mx.py\n")]
+    assert len(excerpts) == 2
+    missing = [line for lines in excerpts for line in lines if line.strip() not in ("", "...") and line not in source]
+    assert missing == []

@@ -125,7 +125,8 @@ class ToyMX:
         if out_dtype not in self.gemm_out_dtypes:
             raise Refusal(f"out_dtype={out_dtype}; this kernel writes {list(self.gemm_out_dtypes)}")
         for name, q in (("a", a), ("b", b)):
-            if not isinstance(q, MXTensor) or q.fmt.name not in ELEMENTS or q.block_2d or q.hadamard is not None:
+            if not isinstance(q, MXTensor) or q.fmt.name not in ELEMENTS or q.block_size != BLOCK or q.block_2d \
+                    or q.hadamard is not None:
                 raise Refusal(f"{name}: only 1x32 MX e2m1/e4m3 operands, got {type(q).__name__}")
             if len(q.shape) != 2 or q.shape[1] % BLOCK or tuple(q.codes.shape) != q.shape:
                 raise Refusal(f"{name}: K={q.shape[-1]} (shape {q.shape}) is not a multiple of {BLOCK}")
