@@ -137,8 +137,8 @@ def test_a_misspelt_backend_or_factory_gets_the_nearest_name(under_test):
 
 
 def test_a_module_that_does_not_import_names_the_path_it_searched():
-    with pytest.raises(backends.BackendLoadError, match=r"cannot import 'no_such_kernels.mx' .*searched sys.path: "
-                                                        r".*Put the directory holding it on PYTHONPATH"):
+    with pytest.raises(backends.BackendLoadError, match=r"cannot import 'no_such_kernels.mx' .*put the directory that "
+                                                        r"holds 'no_such_kernels' on PYTHONPATH .*searched sys.path: "):
         backends.get("no_such_kernels.mx:make")
 
 

@@ -88,12 +88,12 @@ def _load_spec(spec: str) -> Callable[[], Backend]:
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
-        missing = getattr(e, "name", None)
-        where = ("; searched sys.path: " + ", ".join(p or "." for p in sys.path[:6])
-                 + (" ..." if len(sys.path) > 6 else "")) if missing == module_name.split(".")[0] or \
-            (missing and module_name.startswith(missing)) else ""
-        raise BackendLoadError(f"backend {spec!r}: cannot import {module_name!r} ({type(e).__name__}: {e}){where}. "
-                               "Put the directory holding it on PYTHONPATH, or install its package") from e
+        hint = ""
+        if isinstance(e, ModuleNotFoundError) and e.name and f"{module_name}.".startswith(f"{e.name}."):
+            hint = (f"; put the directory that holds {e.name!r} on PYTHONPATH (PYTHONPATH=$PWD) or pip install "
+                    "its package; searched sys.path: " + ", ".join(p or "." for p in sys.path[:6])
+                    + (" ..." if len(sys.path) > 6 else ""))
+        raise BackendLoadError(f"backend {spec!r}: cannot import {module_name!r} ({e}){hint}") from e
     factory = getattr(module, attr, None)
     if factory is None:
         public = [n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n))]

@@ -89,6 +89,16 @@ class _FromBackend(Exception):
 def _reference_on_gemm(backend: Any, x, w, b, recipe: Recipe, **kw) -> torch.Tensor:
     """The reference Function on the backend's GEMM. The oracle's own ValueError (a shape the
     reference Function cannot take) is a Refusal; the backend's exceptions pass unchanged."""
+    from mxcheck.backends.emulated import _shape_refusal  # noqa: PLC0415
+
+    # The backward quantizes dgrad's and wgrad's copies outside the try below, so a shape the
+    # oracle cannot take there (wgrad contracting M=2) is refused here, before the forward.
+    if isinstance(w, torch.Tensor) and w.ndim == 2 and x.ndim >= 1:
+        why = _shape_refusal(recipe, x.numel() // max(x.shape[-1], 1), w.shape[0], w.shape[1],
+                             x.requires_grad, w.requires_grad)
+        if why is not None:
+            raise Refusal(f"the reference Function around the backend's gemm cannot take this: {why}")
+
     def gemm(*args: Any, **kwargs: Any) -> torch.Tensor:
         try:
             return backend.gemm(*args, **kwargs)

@@ -61,6 +61,8 @@ QUANTIZE_DTYPES = {
     "inf-nan": (torch.float32, torch.bfloat16),
 }
 DEFAULT_INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# Every field of the oracle's tensor, scales first: a wrong scale explains the codes after it.
+QUANTIZE_FIELDS = ("scales", "block_scales", "scale_inv", "codes")
 
 
 def _input_label(what: str, dtype: torch.dtype) -> str:
@@ -86,7 +88,7 @@ def check_quantize(backend: Any, recipe: Recipe, gen: torch.Generator, numerics:
                 # suite counts as refused; any other exception is a failure.
                 theirs = backend.quantize(t, spec, **fresh_state(recipe, name))
                 ran += 1
-                for field in ("codes", "scales", "block_scales", "scale_inv"):
+                for field in QUANTIZE_FIELDS:
                     if hasattr(ours, field):
                         _bitwise(numerics, getattr(theirs, field), getattr(ours, field), recipe=recipe.name,
                                  layer=f"{name}.{field} ({_input_label(what, dtype)})", direction="quantize")

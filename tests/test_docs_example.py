@@ -1,0 +1,157 @@
+"""The worked example of docs/backends.md run as a kernel engineer runs it: ``mxcheck conform``
+in a subprocess, from a directory outside the checkout, with docs/examples on PYTHONPATH."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import mxcheck
+import mxcheck.backends
+from mxcheck.backends import BackendLoadError, Refusal
+from mxcheck.recipes import get_recipe
+
+pytestmark = pytest.mark.emulated
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "docs" / "examples"
+# The mxcheck these tests import (this checkout, or the installed package), so the subprocess
+# judges the same code.
+MXCHECK_ROOT = Path(mxcheck.__file__).resolve().parents[1]
+
+# Backends a user might write by mistake, on top of the example.
+_MISTAKES = '''
+from mxcheck.backends import BackendLoadError, Refusal
+from toy_mx import ToyMX
+
+class RaisesValueError(ToyMX):
+    name = "toy-valueerror"
+    def quantize(self, x, spec, *, state=None):
+        raise ValueError("my kernel's own argument check tripped")
+
+class RefusesQuantize(ToyMX):
+    name = "toy-refuses"
+    def quantize(self, x, spec, *, state=None):
+        raise Refusal("quantize is not written yet")
+'''
+
+
+def _conform(tmp_path: Path, backend: str, *pytest_args: str) -> tuple[int, str, dict]:
+    """Exit code, output and JSON report of ``mxcheck conform`` on ocp-mxfp8-e4m3, run in
+    tmp_path (outside the checkout) with docs/examples and tmp_path importable."""
+    assert MXCHECK_ROOT not in tmp_path.parents and EXAMPLES.parents[1] not in tmp_path.parents
+    (tmp_path / "mistakes.py").write_text(textwrap.dedent(_MISTAKES))
+    report = tmp_path / "report.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, (MXCHECK_ROOT, EXAMPLES, tmp_path)))}
+    cmd = [sys.executable, "-m", "mxcheck", "conform", "--backend", backend, "--recipe", "ocp-mxfp8-e4m3",
+           "--report", str(report)]
+    if pytest_args:
+        cmd += ["--", *pytest_args]
+    run = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    data = json.loads(report.read_text()) if report.is_file() else {}
+    return run.returncode, run.stdout + run.stderr, data
+
+
+def _failed(records: list[dict]) -> list[dict]:
+    return [r for r in records if not r["passed"]]
+
+
+def test_example_backend_passes_the_whole_suite_on_ocp_mxfp8_e4m3(tmp_path):
+    code, out, report = _conform(tmp_path, "toy_mx:make_backend")
+    assert code == 0, out
+    records = report["records"]
+    assert {r["backend"] for r in records} == {"toy-mx"}
+    assert _failed(records) == []
+    judged = {r["test_id"].rsplit("-", 1)[-1].rstrip("]") for r in records}
+    assert {"quantize", "linear"} <= judged, judged  # check_gemm records nothing when it passes
+    assert {s["kind"] for s in report["skipped"]} <= {"not_applicable"}, report["skipped"]
+    # the input family that catches the seeded bug was compared, bit for bit, and matched
+    assert any(r["layer"] == "x_row.scales (amax input)" and r["bit_equal"] for r in records)
+
+
+def test_buggy_example_fails_quantize_on_the_amax_inputs_with_the_scale_one_binade_high(tmp_path):
+    code, out, report = _conform(tmp_path, "toy_mx:make_buggy_backend", "-k", "quantize")
+    assert code == 1, out
+    failed = _failed(report["records"])
+    assert [(r["test_id"].endswith("-quantize]"), r["layer"]) for r in failed] == \
+        [(True, "x_row.scales (amax input)")], failed
+    # bf16 inputs never put an amax at a float32 ulp below 2**k: those pass
+    assert all(r["passed"] for r in report["records"] if "(bf16 input)" in r["layer"])
+    # E8M0 bytes: the buggy backend's is one more than the oracle's (0xdb vs 0xda)
+    assert "test 0xdb ref 0xda" in out
+
+
+def test_a_valueerror_inside_quantize_on_an_accepted_recipe_fails_the_run(tmp_path):
+    code, out, _ = _conform(tmp_path, "mistakes:RaisesValueError", "-k", "quantize")
+    assert code == 1, out
+    assert "1 failed" in out and "my kernel's own argument check tripped" in out, out
+    assert "refused (declared)" not in out, out
+
+
+def test_a_refusal_inside_quantize_is_counted_as_refused_not_failed(tmp_path):
+    code, out, report = _conform(tmp_path, "mistakes:RefusesQuantize", "-k", "quantize or shapes")
+    assert code == 0, out
+    assert [(s["kind"], s["test_id"].endswith("-quantize]")) for s in report["skipped"]] == [("refused", True)]
+    assert "1 tests skipped: 1 refused (declared)" in out and "quantize is not written yet" in out, out
+    assert report["records"] and _failed(report["records"]) == []  # the shapes check judged and passed
+
+
+@pytest.fixture
+def toy_mx():
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        import toy_mx  # docs/examples is no package: imported from its path
+        yield toy_mx
+    finally:
+        sys.path.remove(str(EXAMPLES))
+
+
+def test_example_refuses_a_contraction_dim_that_is_not_a_multiple_of_32_naming_it(toy_mx):
+    spec = get_recipe("ocp-mxfp4").x_row
+    with pytest.raises(Refusal, match=r"K=48 \(last dim of x, shape \(4, 48\)\)"):
+        toy_mx.make_backend().quantize(torch.ones(4, 48), spec)
+
+
+def test_example_supports_no_recipe_beyond_plain_ocp_mx_and_says_which_field(toy_mx):
+    backend = toy_mx.make_backend()
+    assert backend.supports(get_recipe("ocp-mxfp8-e4m3")) == (True, "")
+    assert backend.supports(get_recipe("mxfp8")) == \
+        (False, "x_row: scale_rule='rceil': only OCP MX v1.0 is implemented (scale_rule='floor')")
+    assert backend.supports(get_recipe("ocp-mxfp6-e2m3")) == \
+        (False, "x_row: fmt=e2m3 scaling=mx: only MX e2m1 and e4m3 are implemented")
+
+
+def test_a_run_whose_only_check_passes_without_a_record_counts_as_judged(tmp_path):
+    # check_gemm raises or returns, recording nothing: its pass alone still judged the backend
+    code, out, report = _conform(tmp_path, "toy_mx:make_backend", "-k", "gemm")
+    assert (code, report["records"]) == (0, []), out
+    assert "nothing was judged" not in out, out
+
+
+def test_a_backend_module_that_is_not_importable_is_named_with_how_to_make_it_importable():
+    with pytest.raises(BackendLoadError, match=r"cannot import 'no_such_kernels\.quant'.*put the directory that "
+                                               r"holds 'no_such_kernels' on PYTHONPATH"):
+        mxcheck.backends.get("no_such_kernels.quant:make_backend")
+
+
+def test_a_missing_dependency_inside_the_backend_module_gets_no_pythonpath_hint(tmp_path, monkeypatch):
+    (tmp_path / "needs_a_dep.py").write_text("import no_such_dependency_xyz\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(BackendLoadError, match=r"No module named 'no_such_dependency_xyz'\)$"):
+        mxcheck.backends.get("needs_a_dep:make_backend")
+
+
+def test_every_excerpt_of_the_example_in_the_guide_is_in_the_example_file():
+    guide = (EXAMPLES.parent / "backends.md").read_text()
+    source = set((EXAMPLES / "toy_mx.py").read_text().splitlines())
+    blocks = [b.split("```", 1)[0] for b in guide.split("```python\n")[1:]]
+    excerpts = [b.splitlines()[1:] for b in blocks if b.startswith("# docs/examples/toy_mx.py\n")]
+    assert len(excerpts) == 2
+    missing = [line for lines in excerpts for line in lines if line.strip() not in ("", "...") and line not in source]
+    assert missing == []
