@@ -14,6 +14,7 @@ class EmulatedBackend:
 
     name = "emulated"
     device = "cpu"
+    sr_bits = "oracle"  # its SR draws from torch's default generator, as the reference Function
 
     def available(self) -> tuple[bool, str]:
         return True, ""

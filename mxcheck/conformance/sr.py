@@ -35,13 +35,18 @@ def sr_deviation_bound(frac: torch.Tensor, draws: int, false_failure: float = SR
     also near 0 and 1 where a Gaussian "k standard errors" is not (the old 5-sigma bound
     failed seed 5: p = 22/256, 43 of 256 draws, a binomial tail of 1.8e-5, not 2.9e-7).
     Solving for t at 2 exp(...) = false_failure / n gives the bound."""
-    n_elements = frac.numel()
-    lg = math.log(2 * n_elements / false_failure)
+    lg = math.log(2 * frac.numel() / false_failure)
     p_lo, p_hi = (frac - resolution).clamp(0, 1), (frac + resolution).clamp(0, 1)
     v = torch.where((p_lo <= 0.5) & (p_hi >= 0.5), torch.full_like(frac, 0.25),
                     torch.maximum(p_lo * (1 - p_lo), p_hi * (1 - p_hi)))
-    t = (lg / 3 + (lg**2 / 9 + 2 * draws * v * lg).sqrt()) / draws
-    return t + resolution
+    return bernstein_deviation(draws * v, 1.0, lg) / draws + resolution
+
+
+def bernstein_deviation(variance: Any, max_dev: Any, log_term: float) -> Any:
+    """t with 2 exp(-t^2 / (2 V + 2 M t / 3)) = 2 exp(-log_term): Bernstein's tail bound for a
+    sum of independent zero-mean terms, each at most M in size, whose variances sum to V
+    (floats or tensors). P(|sum| >= t) <= 2 exp(-log_term)."""
+    return max_dev * log_term / 3 + ((max_dev * log_term / 3) ** 2 + 2 * variance * log_term) ** 0.5
 
 
 _SR_M, _SR_N = 16, 64  # dY [M, N]; W = I_N, so K = N
