@@ -119,7 +119,7 @@ def check_sr_linear(numerics: Any, recipe: Recipe, draws: list[tuple[dict, dict,
     u_out = torch.finfo(recipe.out_dtype).eps / 2
     for direction in directions:
         side, sr_op, other_op = _sr_side(recipe, direction)
-        where = (f"{direction} of recipe {recipe.name}: {OWN_BITS.lower()}, sr_bits='own', {sr_op} rounded "
+        where = (f"{direction} of recipe {recipe.name}: {OWN_BITS}, sr_bits='own', {sr_op} rounded "
                  "stochastically")
         sums = {name: torch.zeros(5, dtype=torch.float64) for name in _DIRECTIONS}  # T, V, M, bias, eps
         worst = 0.0
