@@ -19,7 +19,9 @@ the same inputs, per draw:
   to nearest" (``(Q_half - mid) B^T``, Q_half the oracle's rounding with u = 1/2: an SR
   that drops its random bits).
 
-The output rounding and a float32 accumulation of both sides are allowed for (``eps``).
+Each output is weighted by 1 / (its largest SR variance + its output rounding squared), from
+the oracle's terms only, so that no few outputs of the top binades carry the statistic.
+One output rounding and a float32 accumulation on each side are allowed for (``eps``).
 Per-element bias with thousands of draws is ``check_sr_unbiased``'s job; this judges the
 linear as check_linear calls it, at the cost of four oracle quantizations per SR GEMM.
 """
@@ -40,7 +42,7 @@ from mxcheck.recipes import GEMMS, Recipe
 __all__ = ["OWN_BITS", "check_sr_linear", "sr_statistics_reason"]
 
 OWN_BITS = "SR statistics (backend's own bits)"  # the layer prefix of every record made here
-# Bias directions: name -> (what a failure suggests, the direction from lo, hi, Q_half, B)
+# Bias directions: name -> what a failure there suggests
 _DIRECTIONS = {
     "toward rounding up": "a skewed SR threshold or truncation",
     "toward rounding to nearest": "an SR that ignores its random bits (rounds to nearest)",
@@ -106,17 +108,44 @@ def _bounded(numerics: Any, value: float, allow: float, message: str, **context:
         raise NumericsError(message)
 
 
+def _one_draw(recipe: Recipe, direction: str, side: int, inputs: dict, got: torch.Tensor,
+              ref: torch.Tensor) -> tuple[float, dict[str, torch.Tensor]]:
+    """One draw of one SR GEMM: the largest |output - envelope middle| / half-width, and per
+    bias direction (T, summed variances V, largest term M, resolution bias, rounding eps)."""
+    u_out = torch.finfo(recipe.out_dtype).eps / 2
+    lo, half, hi, b = _oracle_terms(recipe, direction, inputs["x"], inputs["w"], inputs["dy"])
+    o, o_ref = (t.double() if side == 0 else t.double().T for t in (got, ref))
+    d, mid, ab = hi - lo, (lo + hi) / 2, b.abs()
+    # One rounding of each side's output (at most u |rounded value|) and the float32 sums
+    eps = u_out * (o.abs() + o_ref.abs()) + 2 * (b.shape[1] + 2) * 2.0**-24 * (torch.maximum(lo.abs(), hi.abs()) @ ab.T)
+    if direction == "fwd":  # the bias is added inside the forward GEMM, before its rounding
+        bias = inputs["b"].double()
+        bias = bias if side == 0 else bias.unsqueeze(1)
+        o, o_ref = o - bias, o_ref - bias
+    centre, spread = mid @ b.T, (d.abs() / 2) @ ab.T
+    off = (o - centre).abs()
+    ratio = torch.where(off == 0, torch.zeros_like(off), off / (spread + eps))  # a NaN output: NaN
+    var = (d**2) @ (b**2).T / 4
+    inv = torch.where(var > 0, 1 / (var + (u_out * (centre.abs() + spread)) ** 2), torch.zeros_like(var))
+    terms = {}
+    for name, c in zip(_DIRECTIONS, (d @ b.T, (half - mid) @ b.T), strict=True):
+        c = c * inv
+        dw = (d * (c @ b)).abs()
+        terms[name] = torch.stack([(c * (o - o_ref)).sum(), 0.5 * (dw**2).sum(), 2 * dw.max(), dw.sum(),
+                                   (c.abs() * eps).sum()])
+    return float(ratio.nan_to_num(nan=math.inf).max()), terms
+
+
 def check_sr_linear(numerics: Any, recipe: Recipe, draws: list[tuple[dict, dict, dict]],
                     directions: tuple[str, ...], ctx: dict[str, Any]) -> None:
     """Hold ``directions`` (SR GEMMs of a backend with its own bits) to SR statistics.
 
     ``draws``: (inputs {"x", "w", "b", "dy"}, the backend's outputs, the reference
     Function's outputs) per input draw, outputs keyed by direction; ``ctx``: the records'
-    recipe, m, n, k. Fails, naming SR and the
-    bits' source, outside the envelope or when a bias statistic exceeds its Bernstein bound
-    (false failure at most SR_FALSE_FAILURE per call, all statistics together)."""
+    recipe, m, n, k. Fails, naming SR and the bits' source, outside the envelope or when a
+    bias statistic exceeds its Bernstein bound (false failure at most SR_FALSE_FAILURE per
+    call, all statistics together)."""
     log_term = math.log(2 * len(_DIRECTIONS) * len(directions) / SR_FALSE_FAILURE)
-    u_out = torch.finfo(recipe.out_dtype).eps / 2
     for direction in directions:
         side, sr_op, other_op = _sr_side(recipe, direction)
         where = (f"{direction} of recipe {recipe.name}: {OWN_BITS}, sr_bits='own', {sr_op} rounded "
@@ -124,31 +153,12 @@ def check_sr_linear(numerics: Any, recipe: Recipe, draws: list[tuple[dict, dict,
         sums = {name: torch.zeros(5, dtype=torch.float64) for name in _DIRECTIONS}  # T, V, M, bias, eps
         worst = 0.0
         for inputs, got, ref in draws:
-            lo, half, hi, b = _oracle_terms(recipe, direction, inputs["x"], inputs["w"], inputs["dy"])
-            o, o_ref = (t.double() if side == 0 else t.double().T for t in (got[direction], ref[direction]))
-            d, mid, ab = hi - lo, (lo + hi) / 2, b.abs()
-            # One rounding of each side's output (at most u |rounded value|) and the float32 sums
-            eps = (u_out * (o.abs() + o_ref.abs())
-                   + 2 * (b.shape[1] + 2) * 2.0**-24 * (torch.maximum(lo.abs(), hi.abs()) @ ab.T))
-            if direction == "fwd":  # the bias is added inside the forward GEMM, before its rounding
-                bias = inputs["b"].double()
-                bias = bias if side == 0 else bias.unsqueeze(1)
-                o, o_ref = o - bias, o_ref - bias
-            centre, spread = mid @ b.T, (d.abs() / 2) @ ab.T
-            radius, off = spread + eps, (o - centre).abs()
-            ratio = torch.where(off == 0, torch.zeros_like(off), off / radius)  # NaN output: NaN ratio
-            worst = max(worst, float(ratio.nan_to_num(nan=math.inf).max()))
-            # Each output weighted by 1 / (its largest SR variance + its output rounding squared),
-            # from the oracle's terms only (the weights must not depend on the draw): outputs span
-            # many binades, and unweighted the few largest would carry the whole statistic.
-            var = (d**2) @ (b**2).T / 4
-            inv = torch.where(var > 0, 1 / (var + (u_out * (centre.abs() + spread)) ** 2), torch.zeros_like(var))
-            for name, c in zip(_DIRECTIONS, (d @ b.T, (half - mid) @ b.T), strict=True):
-                c = c * inv
-                dw = (d * (c @ b)).abs()
-                sums[name] += torch.stack([(c * (o - o_ref)).sum(), 0.5 * (dw**2).sum(), torch.zeros(()),
-                                           dw.sum(), (c.abs() * eps).sum()])
-                sums[name][2] = max(float(sums[name][2]), 2 * float(dw.max()))
+            ratio, terms = _one_draw(recipe, direction, side, inputs, got[direction], ref[direction])
+            worst = max(worst, ratio)
+            for name, t in terms.items():
+                largest = max(float(sums[name][2]), float(t[2]))  # M is a max over the draws, not a sum
+                sums[name] += t
+                sums[name][2] = largest
         # recorded only when it fails: outputs of rows with one non-zero term sit on the
         # envelope's edge by construction, so its margin is about 0 dB and says nothing
         _bounded(numerics if worst > 1 else None, worst, 1.0,
