@@ -289,6 +289,12 @@ def _registry() -> tuple[RandomizedCheck, ...]:
     return (
         RandomizedCheck("mxcheck/conformance/sr.py::check_sr_unbiased", "SR up-share within the bound of frac, "
                         "2048 draws x 1024 elements", "bound", SR_CALLS, SR_CALLS * SR_FALSE_FAILURE, bernstein),
+        RandomizedCheck("mxcheck/conformance/sr_linear.py::check_sr_linear", "a backend's own-bit SR GEMMs in "
+                        "check_linear and edge shapes: two bias statistics per SR GEMM (the envelope is exact)",
+                        "bound", SR_LINEAR_CALLS, SR_LINEAR_CALLS * SR_FALSE_FAILURE,
+                        "Bernstein's inequality for a weighted sum of independent two-valued terms (both sides' "
+                        "up-probabilities within SR_RESOLUTION of frac), union over the call's statistics: "
+                        f"SR_FALSE_FAILURE = {SR_FALSE_FAILURE:g} per call, for every seed and input"),
         RandomizedCheck("tests/conformance/test_sr_stats_slow.py::test_sr_checks_pass_the_oracle_for_100_seeds",
                         "check_sr_unbiased on the oracle, 100 seeds x 3 recipes", "bound", 300,
                         300 * SR_FALSE_FAILURE, bernstein, slow=True),
@@ -341,6 +347,9 @@ def _registry() -> tuple[RandomizedCheck, ...]:
 
 
 SR_CALLS = 7  # per run: 4 conformance recipes with unrotated SR on g_row + test_sr_stats' 3 (test_false_failure checks)
+# per run: the calls of tests/conformance/test_sr_judgement.py on a correct own-bit SR (2 check_linear,
+# the hand-rolled unbiased SR, one edge shape, one direct call); the emulated backend has the oracle's bits
+SR_LINEAR_CALLS = 5
 NOISY_Z = 33.0
 COLLISION_LOG10 = -100  # a stated ceiling, 22 decades above the measured worst
 REGISTRY: tuple[RandomizedCheck, ...] = _registry()

@@ -110,9 +110,11 @@ class Backend(Protocol):
         AITER's padded MXFP6 byte blobs directly (check_poison_guard_tiles feeds it blobs
         whose guard tiles are 0xFF); without it the blobs are unpacked for ``gemm``.
     ``sr_bits``
-        ``"oracle"`` if stochastic rounding takes its random bits from
-        ``torch``'s default generator as the reference Function does (then SR results are
-        compared bit for bit); ``"own"`` (the default) judges SR statistically.
+        ``"oracle"`` if stochastic rounding takes its random bits from ``torch``'s default
+        generator as the reference Function does (then SR GEMMs are held to the reference
+        Function's outputs, 40 dB, as unrounded ones are); ``"own"`` (the default): SR GEMMs
+        are held to SR statistics (inside the all-down / all-up envelope, no bias beyond a
+        Bernstein bound) and to float64 truth (``mxcheck.conformance.sr_linear``).
     """
 
     name: str

@@ -14,7 +14,7 @@ from mxcheck.backends.contract import Refusal
 from mxcheck.conformance.inputs import training_like_cropped
 from mxcheck.functions import make_delayed_states, quant_linear
 from mxcheck.gemm import dequantize_operand, emulated_gemm, quantize_operand
-from mxcheck.recipes import OPERANDS, Recipe
+from mxcheck.recipes import GEMMS, OPERANDS, Recipe
 from mxcheck.rng import seeded_default_rng
 
 # Floors for fwd / dgrad / wgrad SNR of a whole linear against float64 truth: one table,
@@ -140,6 +140,44 @@ def _linear(backend: Any, x, w, b, recipe: Recipe, seed: int = 0, states: Any = 
         if dy is not None:
             y.backward(dy.to(y.dtype))
     return x, w, b, y
+
+
+# Where a backend's stochastic-rounding bits come from (its optional ``sr_bits``): "oracle",
+# torch's default generator drawn as the reference Function draws it (SR outputs are then
+# held to the reference's bits); "own", any other source (SR outputs are judged by SR
+# statistics). Undeclared is "own": a kernel with its own generator must not false-fail.
+SR_BITS = ("oracle", "own")
+
+
+def sr_bits(backend: Any) -> str:
+    """The backend's ``sr_bits`` (default "own"), validated. A backend without a linear of
+    its own runs inside the reference Function (``linear_of``), whose bits are the oracle's."""
+    value = getattr(backend, "sr_bits", "own")
+    if value not in SR_BITS:
+        raise ValueError(f"backend {getattr(backend, 'name', backend)!r}: sr_bits={value!r}; expected one of "
+                         f"{list(SR_BITS)} ('oracle': SR bits from torch's default generator as the reference "
+                         "Function draws them; 'own': any other source)")
+    return "oracle" if not hasattr(backend, "linear") and hasattr(backend, "gemm") else value
+
+
+def sr_directions(recipe: Recipe) -> tuple[str, ...]:
+    """The GEMMs (fwd, dgrad, wgrad) with an operand that rounds stochastically."""
+    return tuple(d for d, (a, b, _) in GEMMS.items() if "sr" in (recipe.spec(a).rounding, recipe.spec(b).rounding))
+
+
+def own_sr_directions(backend: Any, recipe: Recipe) -> tuple[str, ...]:
+    """The SR GEMMs of ``recipe`` whose random bits the backend draws itself: their outputs
+    cannot be held to the reference Function's bits."""
+    return sr_directions(recipe) if sr_bits(backend) == "own" else ()
+
+
+def own_sr_fwd_reason(backend: Any, recipe: Recipe) -> str | None:
+    """Why a check that compares two forward calls bit for bit does not apply: the forward
+    rounds stochastically from bits the default generator's seed does not fix."""
+    if "fwd" not in own_sr_directions(backend, recipe):
+        return None
+    return (f"recipe {recipe.name} rounds the forward stochastically and the backend draws its own SR bits "
+            "(sr_bits='own'): two calls may differ")
 
 
 def weight_scale(k: int) -> float:

@@ -21,11 +21,16 @@ from mxcheck.conformance._common import (
     fresh_state,
     gemm_out_dtype,
     linear_of,
+    own_sr_directions,
+    own_sr_fwd_reason,
+    sr_directions,
     warmed_states,
 )
 from mxcheck.conformance.inputs import WIDE_POWERS, training_like
+from mxcheck.conformance.sr_linear import check_sr_linear, sr_statistics_reason
 from mxcheck.gemm import quantize_operand
 from mxcheck.recipes import Recipe
+from mxcheck.rng import seeded_default_rng
 
 _M, _N, _K = 256, 256, 512
 _W_SCALE = 2.0**-5  # about 1/sqrt(K), a power of two so midpoints stay midpoints
@@ -116,9 +121,9 @@ def check_gemm(backend: Any, recipe: Recipe, gen: torch.Generator, numerics: Any
 LINEAR_DRAWS = 4
 
 
-def _linear_draw(backend: Any, recipe: Recipe, gen: torch.Generator) -> tuple[dict, dict, dict]:
-    """One draw of check_linear: the backend's fwd/dgrad/wgrad/bgrad, the float64 truth and
-    the reference Function's outputs on the same inputs."""
+def _linear_draw(backend: Any, recipe: Recipe, gen: torch.Generator) -> tuple[dict, dict, dict, dict]:
+    """One draw of check_linear: the backend's fwd/dgrad/wgrad/bgrad, the float64 truth, the
+    reference Function's outputs on the same inputs, and those inputs."""
     x0, w0, b0, dy = _inputs(gen, _device(backend), recipe)
     # Delayed scaling: a few steps fill the amax histories, then the measured step.
     states = warmed_states(linear_of(backend), recipe, x0, w0, b0, dy)
@@ -132,26 +137,40 @@ def _linear_draw(backend: Any, recipe: Recipe, gen: torch.Generator) -> tuple[di
             raise NumericsError(f"{direction} of recipe {recipe.name} is missing or all zero")
     ref_states = warmed_states(linear_of(_Reference()), recipe, x0, w0, b0, dy)
     rx, rw, _, ry = _linear(_Reference(), x0, w0, b0, recipe, states=ref_states, dy=dy)
-    return got, truth, {"fwd": ry, "dgrad": rx.grad, "wgrad": rw.grad}
+    return got, truth, {"fwd": ry, "dgrad": rx.grad, "wgrad": rw.grad}, {"x": x0, "w": w0, "b": b0, "dy": dy}
 
 
 def check_linear(backend: Any, recipe: Recipe, gen: torch.Generator, numerics: Any = None) -> str | None:
     """fwd, dgrad, wgrad and bias grad above the recipe's SNR floor against float64 truth, and
     close to the reference Function given the same quantized operands; each SNR pooled over
-    LINEAR_DRAWS independent input draws (the outputs concatenated)."""
+    LINEAR_DRAWS independent input draws (the outputs concatenated).
+
+    A GEMM that rounds stochastically is held to the reference's bits only where the backend
+    draws them as the reference does (``sr_bits="oracle"``); with its own bits (``"own"``, the
+    default) it is held to SR statistics instead (``conformance.sr_linear``)."""
     if linear_of(backend) is None:
         return NO_LINEAR
     thresholds.linear_floor(recipe)  # a recipe without a floor is an error, before any work
+    own = own_sr_directions(backend, recipe)
+    if own and (why := sr_statistics_reason(recipe, own)):
+        return why
     draws = [_linear_draw(backend, recipe, gen) for _ in range(LINEAR_DRAWS)]
     ctx = {"recipe": recipe.name, "m": _M, "n": _N, "k": _K}
     for direction in ("fwd", "dgrad", "wgrad", "bgrad"):
         got, truth = (torch.cat([d[i][direction].double().flatten() for d in draws]) for i in (0, 1))
         _snr(numerics, got, truth, thresholds.linear_floor(recipe, direction), layer="vs float64 truth",
              direction=direction, **ctx)
+    same_bits = sr_directions(recipe)
     for direction in ("fwd", "dgrad", "wgrad"):
-        # Same quantized operands: only accumulation order and the output rounding may differ.
+        if direction in own:
+            continue
+        # Same quantized operands (and SR bits): only accumulation order and the output rounding may differ.
         got, ref = (torch.cat([d[i][direction].double().flatten() for d in draws]) for i in (0, 2))
-        _snr(numerics, got, ref, SAME_OPERANDS_FLOOR_DB, layer="vs reference Function", direction=direction, **ctx)
+        layer = "vs reference Function" + (" (the oracle's SR bits, sr_bits='oracle')" if direction in same_bits
+                                           else "")
+        _snr(numerics, got, ref, SAME_OPERANDS_FLOOR_DB, layer=layer, direction=direction, **ctx)
+    if own:
+        check_sr_linear(numerics, recipe, [(d[3], d[0], d[2]) for d in draws], own, ctx)
     return None
 
 
@@ -171,9 +190,14 @@ def check_weight_change(backend: Any, recipe: Recipe, gen: torch.Generator, nume
 
 
 def check_repeatable(backend: Any, recipe: Recipe, gen: torch.Generator, numerics: Any = None) -> str | None:
-    """Repeat calls are bit-identical (recipes without SR; SR recipes with the same seed)."""
+    """Repeat calls are bit-identical (recipes without SR; SR recipes with the same seed).
+
+    Only the forward is compared: a backend with its own SR bits is judged here unless its
+    forward rounds stochastically (then two calls may rightly differ)."""
     if linear_of(backend) is None:
         return NO_LINEAR
+    if why := own_sr_fwd_reason(backend, recipe):
+        return why
     x, w, b, _ = _inputs(gen, _device(backend), recipe)
     outs = [_linear(backend, x, w, b, recipe, seed=7)[3].detach() for _ in range(2)]
     _bitwise(numerics, outs[1], outs[0], recipe=recipe.name, layer="repeat call", direction="fwd")
@@ -200,11 +224,15 @@ def check_shapes(backend: Any, recipe: Recipe, gen: torch.Generator, numerics: A
     if linear is None:
         return NO_LINEAR
     x, w, b, _ = _inputs(gen, _device(backend), recipe)
-    with torch.no_grad():
-        y3 = linear(x.view(2, _M // 2, _K), w, b, recipe)
-        y2 = linear(x, w, b, recipe)
+
+    def call(xi: torch.Tensor) -> torch.Tensor:
+        with seeded_default_rng(7, xi.device), torch.no_grad():  # the same SR bits, where SR draws from it
+            return linear(xi, w, b, recipe)
+    y3, y2 = call(x.view(2, _M // 2, _K)), call(x)
     if y3.shape != (2, _M // 2, _N) or y3.dtype != recipe.out_dtype:
         raise NumericsError(f"recipe {recipe.name}: 3D input gave shape {tuple(y3.shape)} {y3.dtype}, "
                             f"expected {(2, _M // 2, _N)} {recipe.out_dtype}")
+    if why := own_sr_fwd_reason(backend, recipe):  # two calls' own SR bits differ: shape and dtype only
+        return why
     _bitwise(numerics, y3.reshape(_M, _N), y2, recipe=recipe.name, layer="3D vs 2D", direction="fwd")
     return None

@@ -19,10 +19,12 @@ from mxcheck.conformance._common import (
     _snr,
     gemm_out_dtype,
     linear_of,
+    own_sr_directions,
     training_operands,
     warmed_states,
 )
 from mxcheck.conformance.inputs import training_like_cropped
+from mxcheck.conformance.sr_linear import check_sr_linear, sr_statistics_reason
 from mxcheck.recipes import Recipe
 from mxcheck.thresholds import linear_floor
 
@@ -90,20 +92,30 @@ def _edge_linear(backend: Any, recipe: Recipe, gen: torch.Generator, numerics: A
     except Exception as e:  # the error type is the finding
         return _raised(e, f"linear of recipe {recipe.name}", dims)
     got = {"fwd": y, "dgrad": x.grad, "wgrad": w.grad}
+    xd, wd = x0.double(), w0.double()
+    truth = {"fwd": xd @ wd.T + b0.double(), "dgrad": dy.double() @ wd, "wgrad": dy.double().T @ xd}
+    own = own_sr_directions(backend, recipe)  # SR GEMMs with the backend's own bits
     try:
         ref_states = warmed_states(linear_of(_Reference()), recipe, x0, w0, b0, dy)
         rx, rw, _, ry = _linear(_Reference(), x0, w0, b0, recipe, states=ref_states, dy=dy)
         ref, floor, layer = {"fwd": ry, "dgrad": rx.grad, "wgrad": rw.grad}, SAME_OPERANDS_FLOOR_DB, "vs reference Function"
     except ValueError:  # the oracle refuses the shape; the backend computed: hold it to float64 truth
-        xd, wd = x0.double(), w0.double()
-        ref = {"fwd": xd @ wd.T + b0.double(), "dgrad": dy.double() @ wd, "wgrad": dy.double().T @ xd}
-        floor, layer = None, "vs float64 truth"  # linear_floor: no floor is an error
-    for direction, r in ref.items():
+        ref, floor, layer, own = truth, None, "vs float64 truth", ()  # linear_floor: no floor is an error
+    for direction in ref:
         if got[direction] is None:
             raise NumericsError(f"linear of recipe {recipe.name} at M={m} N={n} K={k} gave no {direction}")
-        _snr(numerics, got[direction].double(), r.double(), floor or linear_floor(recipe, direction),
-             recipe=recipe.name,
-             layer=f"edge {name}: {layer}", direction=direction, m=m, n=n, k=k)
+    stats = bool(own) and sr_statistics_reason(recipe, own) is None
+    if stats:
+        check_sr_linear(numerics, recipe, [({"x": x0, "w": w0, "b": b0, "dy": dy}, got, ref)], own,
+                        {"recipe": recipe.name, "m": m, "n": n, "k": k})
+    for direction, r in ref.items():
+        fl, lay = floor, layer
+        if direction in own:  # judged by SR statistics, or where they cannot, by float64 truth alone
+            if stats:
+                continue
+            r, fl, lay = truth[direction], None, "vs float64 truth (SR, backend's own bits)"
+        _snr(numerics, got[direction].double(), r.double(), fl or linear_floor(recipe, direction),
+             recipe=recipe.name, layer=f"edge {name}: {lay}", direction=direction, m=m, n=n, k=k)
     return "correct"
 
 
