@@ -16,7 +16,7 @@ import types
 import pytest
 import torch
 
-from mxcheck.backends import aiter_triton
+from mxcheck.backends import Refusal, aiter_triton
 from mxcheck.backends.aiter_triton import AiterTritonBackend
 from mxcheck.profiles import get_profile
 from mxcheck.recipes import RECIPES
@@ -56,7 +56,7 @@ def test_quantize_refuses_what_the_kernel_does_not_document():
     for field, value in (("scale_rule", "floor"), ("rounding", "sr"), ("hadamard", "h32")):
         with pytest.raises(ValueError, match=f"produces {field}="):
             backend.quantize(torch.ones(4, 32), dataclasses.replace(spec, **{field: value}))
-    with pytest.raises(TypeError, match=r"x\.dtype=torch\.float64"):
+    with pytest.raises(Refusal, match=r"x\.dtype=torch\.float64"):
         backend.quantize(torch.ones(4, 32, dtype=torch.float64), RECIPES["mxfp4-1x32"].spec("x_row"))
     with pytest.raises(ValueError, match="K a multiple of 32"):
         backend.quantize(torch.ones(4, 48), RECIPES["mxfp4-1x32"].spec("x_row"))

@@ -58,7 +58,9 @@ def test_torchao_claims_exercise_every_scale_rule_on_several_mx_formats():
     for r in TORCHAO_CLAIMS:  # MX: one spec on all six copies, 1x32 along K
         specs = {r.spec(op) for op in ("x_row", "w_row", "g_row", "w_col", "g_col", "x_col")}
         assert _kind(r) == "fp8" or (len(specs) == 1 and r.x_row.block_size == 32), r.name
-    assert {"mxfp8", "mxfp4-1x32", "fp8", "fp8-hybrid", "fp8-rowwise"} <= set(_CLAIM_IDS)
+    assert {"mxfp8@torchao.rceil", "mxfp4-1x32@torchao.even", "fp8", "fp8-hybrid", "fp8-rowwise"} <= set(_CLAIM_IDS)
+    # every MX claim is pinned to the torchao profile of its rule (RECIPE@PROFILE)
+    assert all(r.name.endswith(f"@torchao.{r.x_row.scale_rule}") for r in TORCHAO_CLAIMS if _kind(r) == "mx")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bf16"])

@@ -25,6 +25,7 @@ import torch
 
 import mxcheck.backends
 from mxcheck import layouts
+from mxcheck.backends import Refusal
 from mxcheck.backends.aiter import AiterBackend
 from mxcheck.backends.primus_turbo import PrimusTurboBackend
 from mxcheck.formats import decode
@@ -404,7 +405,7 @@ def test_aiter_a4w4_names_the_dim_that_does_not_tile(fake_aiter, m, n, k, bad):
 def test_aiter_mxfp6_is_not_offered_by_a_release(fake_aiter):
     ok, why = AiterBackend().supports("mxfp6")
     assert not ok and "0.1.20.post1" in why and "gemm_a6w6" in why
-    with pytest.raises(NotImplementedError, match="gemm_a6w6"):
+    with pytest.raises(Refusal, match="gemm_a6w6"):
         AiterBackend().gemm(oracle(torch.ones(32, 64), MXFP6.x_row), oracle(torch.ones(32, 64), MXFP6.w_row))
 
 
@@ -490,14 +491,14 @@ def test_primus_gemm_fp6_names_the_dim_gemm_fp6_impl_cannot_handle(fake_primus_m
 def test_primus_mxfp6_is_not_offered_by_a_release(fake_primus):
     ok, why = PrimusTurboBackend().supports("mxfp6")
     assert not ok and "ops.gemm_fp6.gemm_fp6" in why and "Float6QuantConfig" in why
-    with pytest.raises(NotImplementedError, match="gemm_fp6"):
+    with pytest.raises(Refusal, match="gemm_fp6"):
         PrimusTurboBackend().linear(torch.ones(256, 256), torch.ones(256, 256), None, "mxfp6")
 
 
 @pytest.mark.parametrize("dual", [False, True], ids=["quantize", "quantize_dual"])
 def test_primus_mx_quantize_refuses_float32_naming_the_dtype(fake_primus, dual):
     x = torch.ones(32, 128)
-    with pytest.raises(TypeError, match=r"x.dtype=torch.float32.*bfloat16 or float16"):
+    with pytest.raises(Refusal, match=r"x.dtype=torch.float32.*bfloat16 or float16"):
         if dual:
             PrimusTurboBackend().quantize_dual(x, MXFP4.x_row, MXFP4.x_col)
         else:

@@ -186,7 +186,8 @@ def import_vendor(module: str) -> str | None:
                 importlib.import_module(module)
         except ModuleNotFoundError as e:
             if e.name and module.startswith(e.name):  # the package (or the module) itself is absent
-                return MissingDependency(module.partition(".")[0], detail=f"no module {e.name!r}")
+                return MissingDependency(module.partition(".")[0],
+                                         detail=f"{module} not importable ({type(e).__name__}: {e})")
             return f"{module} not importable ({type(e).__name__}: {e})"
         except Exception as e:  # a vendor package may raise anything at import on a CPU host
             return f"{module} not importable ({type(e).__name__}: {e})"

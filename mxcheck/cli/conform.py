@@ -24,13 +24,16 @@ def conform_args(p: argparse.ArgumentParser) -> None:
                    help="backend under test (repeatable): a registered name or 'pkg.module:factory'")
     p.add_argument("--recipe", action="append", default=[], metavar="NAME|FILE",
                    help="recipe to judge it on (repeatable): built-in name, RECIPE@PROFILE or a .yaml/.toml "
-                        "recipe file. Default: the backend's claims, else every built-in recipe")
+                        "recipe file; without it, the backend's claims, else every built-in recipe. "
+                        "Default: %(default)r")
     p.add_argument("--report", metavar="PATH", help="write the JSON report here")
-    p.add_argument("--seed", default="0", metavar="INT", help="--mxcheck-seed. Default: 0")
+    p.add_argument("--seed", type=int, default=0, metavar="INT",
+                   help="seed mixed into every test's generator (--mxcheck-seed). Default: %(default)r")
     p.add_argument("-n", "--workers", default=None, metavar="N",
-                   help="pytest-xdist workers ('auto' or a number). Default: none")
+                   help="pytest-xdist workers ('auto' or a number); none runs in one process. Default: %(default)r")
     p.add_argument("--require-deps", action="store_true",
-                   help="a backend dependency that is missing or at a version it does not support fails")
+                   help="a backend dependency that is missing or at a version it does not support fails "
+                        "instead of skipping. Default: %(default)r")
     p.add_argument("pytest_extra", nargs=argparse.REMAINDER, metavar="-- PYTEST_ARGS",
                    help="anything after -- goes to pytest (e.g. -- -k quantize -x)")
 
