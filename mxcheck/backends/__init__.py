@@ -127,9 +127,11 @@ _COLLAPSE_IMPORT_OUTPUT = {"on": False}
 _REPORTED: set[str] = set()
 
 
-def collapse_import_output(on: bool) -> None:
-    """Collapse (True) or show in full (False, the default) vendor output at import."""
-    _COLLAPSE_IMPORT_OUTPUT["on"] = bool(on)
+def collapse_import_output(on: bool) -> bool:
+    """Collapse (True) or show in full (False, the default) vendor output at import; returns
+    the previous setting, so a caller can restore it."""
+    previous, _COLLAPSE_IMPORT_OUTPUT["on"] = _COLLAPSE_IMPORT_OUTPUT["on"], bool(on)
+    return previous
 
 
 @contextlib.contextmanager

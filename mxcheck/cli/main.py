@@ -99,9 +99,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from mxcheck.backends import collapse_import_output  # noqa: PLC0415
     except ImportError:  # a broken install: the commands that need backends say so
-        pass
-    else:
-        collapse_import_output(not args.verbose)
+        return _run(args)
+    previous = collapse_import_output(not args.verbose)
+    try:
+        return _run(args)
+    finally:  # main() also runs in-process (tests, `mxcheck conform` under pytest)
+        collapse_import_output(previous)
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         return args.run(args)
     except CommandError as e:
