@@ -234,3 +234,16 @@ def test_a_misspelt_recipe_option_is_a_usage_error_with_the_nearest_name(suite):
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--mxcheck-recipe ocp-mxfp8-e4m: recipe='ocp-mxfp8-e4m' is not known; "
                                  "did you mean 'ocp-mxfp8-e4m3'?*"])
+
+
+@pytest.mark.parametrize(("factory", "code"), [("SupportsNothing", 1), ("ClaimsOcp", 0)],
+                         ids=["nothing-judged", "judged"])
+def test_mxcheck_conform_exits_1_when_nothing_was_judged(under_test, capsys, factory, code):
+    from mxcheck.cli import main
+
+    # in-process (the subprocess path from outside a checkout: tests/test_docs_example.py)
+    got = main(["conform", "--backend", f"backends_under_test:{factory}", "--",
+                "-k", "test_backend_conforms and quantize and not poison and ocp-mxfp4"])
+    out = capsys.readouterr().out
+    assert got == code, out
+    assert ("nothing was judged" in out) == (code == 1), out
