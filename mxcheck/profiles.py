@@ -233,7 +233,7 @@ def _clamp_byte_zero_blocks(p: Profile, x, fmt, codes, scales) -> torch.Tensor:
     zero = scales == 0
     if not bool(zero.any()):
         return codes
-    multiplier = torch.full(scales.shape, 1.0 / p.subnormal_scale_clamp, dtype=torch.float32)
+    multiplier = torch.full(scales.shape, 1.0 / p.subnormal_scale_clamp, dtype=torch.float32, device=scales.device)
     new = _encode(p, x, fmt, multiplier).flatten(-2)
     return torch.where(_per_element(zero, p.block_size), new, codes)
 

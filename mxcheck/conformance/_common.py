@@ -81,9 +81,7 @@ def linear_of(backend: Any) -> Callable[..., torch.Tensor] | None:
     return linear
 
 
-class _FromBackend(Exception):
-    def __init__(self, error: Exception) -> None:
-        self.error = error
+_FROM_BACKEND = "_mxcheck_raised_by_backend"  # marks an exception the backend's gemm raised
 
 
 def _reference_on_gemm(backend: Any, x, w, b, recipe: Recipe, **kw) -> torch.Tensor:
@@ -102,14 +100,17 @@ def _reference_on_gemm(backend: Any, x, w, b, recipe: Recipe, **kw) -> torch.Ten
     def gemm(*args: Any, **kwargs: Any) -> torch.Tensor:
         try:
             return backend.gemm(*args, **kwargs)
-        except Exception as e:  # re-raised unchanged below
-            raise _FromBackend(e) from e
+        except Exception as e:
+            # Marked, not wrapped: the backward runs this after the try below has returned,
+            # and the backend's exception (a Refusal, or a bug) must reach the check as it is.
+            setattr(e, _FROM_BACKEND, True)
+            raise
 
     try:
         return quant_linear(x, w, b, recipe, gemm=gemm, **kw)
-    except _FromBackend as carrier:
-        raise carrier.error from None
     except ValueError as e:
+        if getattr(e, _FROM_BACKEND, False):
+            raise
         raise Refusal(f"the reference Function around the backend's gemm cannot take this: {e}") from e
 
 

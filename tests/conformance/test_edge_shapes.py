@@ -66,6 +66,33 @@ def test_only_a_refusal_naming_the_dim_is_a_refusal(error, verdict):
             edge_shape_outcome(backend, RECIPES["fp8"], "M13", gen)
 
 
+class _GemmRefusesShortK:
+    """A GEMM-only backend (as the Triton adapter) that refuses a contraction under 128."""
+
+    name = "gemm-refuses-short-k"
+
+    def __init__(self, error: type[Exception]) -> None:
+        self.error = error
+
+    def gemm(self, a, b, **kw):
+        if a.codes.shape[-1] < 128:
+            raise self.error(f"K of a ({a.codes.shape[-1]}) must be a multiple of 128")
+        return EmulatedBackend().gemm(a, b, **kw)
+
+
+@pytest.mark.parametrize(("error", "verdict"), [(Refusal, "refused"), (ValueError, "raised ValueError")])
+def test_a_refusal_from_a_gemm_in_the_backward_reaches_the_check_as_it_was_raised(error, verdict):
+    # final_layer-N64 (M=32, N=64, K=256): the forward contracts 256, dgrad contracts N=64 in
+    # the backward, after the reference Function's forward returned (the H200 Triton adapter).
+    backend, gen = _GemmRefusesShortK(error), torch.Generator().manual_seed(0)
+    if verdict == "refused":
+        outcome = edge_shape_outcome(backend, RECIPES["mxfp8"], "final_layer-N64", gen)
+        assert outcome["linear"] == "refused: K of a (64) must be a multiple of 128", outcome
+    else:
+        with pytest.raises(NumericsError, match=verdict):
+            edge_shape_outcome(backend, RECIPES["mxfp8"], "final_layer-N64", gen)
+
+
 class _Bf16Inputs(torch.autograd.Function):
     @staticmethod
     def forward(ctx, t):
