@@ -63,13 +63,17 @@ def test_torchao_claims_exercise_every_scale_rule_on_several_mx_formats():
     assert all(r.name.endswith(f"@torchao.{r.x_row.scale_rule}") for r in TORCHAO_CLAIMS if _kind(r) == "mx")
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bf16"])
 @pytest.mark.parametrize("recipe", TORCHAO_CLAIMS, ids=_CLAIM_IDS)
-def test_torchao_claims_pass_the_conformance_quantize_check(recipe, dtype, gen, monkeypatch):
-    names = [n for n in _PLAIN_ORACLE_INPUTS[_kind(recipe)] if dtype == torch.float32 or n in _BF16_VALUED]
-    monkeypatch.setattr(conformance_basic, "QUANTIZE_INPUTS",
-                        {n: conformance_basic.QUANTIZE_INPUTS[n] for n in names})
-    assert CHECKS["quantize"](_FedAs(dtype), recipe, gen) is None
+def test_torchao_claims_pass_the_conformance_quantize_check(recipe, gen, monkeypatch):
+    """As the suite runs it: every input family, as float32 and bf16 tensors (input_dtypes).
+    The MX claims are pinned to torchao's profiles and pass every family; the Float8 casts
+    turn a NaN or Inf amax into a NaN or zero scale (a finding pinned by
+    test_torch_backends.py::test_torchao_float8_turns_a_nan_or_inf_amax_into_a_nan_or_zero_scale),
+    so they are held to the finite families here."""
+    if _kind(recipe) == "fp8":
+        monkeypatch.setattr(conformance_basic, "QUANTIZE_INPUTS",
+                            {n: conformance_basic.QUANTIZE_INPUTS[n] for n in _PLAIN_ORACLE_INPUTS["fp8"]})
+    assert CHECKS["quantize"](TorchaoBackend(device="cpu"), recipe, gen) is None
 
 
 @pytest.mark.parametrize("recipe", [r for r in TORCHAO_CLAIMS if _kind(r) == "mx"],
