@@ -1,13 +1,12 @@
 """The worked example of docs/backends.md run as a kernel engineer runs it: ``mxcheck conform``
-in a subprocess, from a directory outside the checkout, with docs/examples on PYTHONPATH.
+from a directory outside the checkout, with docs/examples importable (.ci/run runs the same
+two commands from the built wheel in a subprocess).
 (What a ValueError, a Refusal, a disowned claim or an unjudged run turn into is checked
 in-process, faster, in tests/test_claims.py.)"""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import torch
 import mxcheck
 import mxcheck.backends
 from mxcheck.backends import BackendLoadError, Refusal
+from mxcheck.cli import main
 from mxcheck.recipes import get_recipe
 
 pytestmark = pytest.mark.emulated
@@ -26,27 +26,28 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "docs" / "examples"
 # judges the same code.
 MXCHECK_ROOT = Path(mxcheck.__file__).resolve().parents[1]
 
-def _conform(tmp_path: Path, backend: str, *pytest_args: str) -> tuple[int, str, dict]:
-    """Exit code, output and JSON report of ``mxcheck conform`` on ocp-mxfp8-e4m3, run in
-    tmp_path (outside the checkout) with docs/examples and tmp_path importable."""
+def _conform(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, backend: str,
+             *pytest_args: str) -> tuple[int, str, dict]:
+    """Exit code, output and JSON report of ``mxcheck conform`` on ocp-mxfp8-e4m3, run from
+    tmp_path (outside the checkout) with docs/examples importable. In-process: the same run
+    from the built wheel, in a directory outside the checkout, is a step of .ci/run."""
     assert MXCHECK_ROOT not in tmp_path.parents and EXAMPLES.parents[1] not in tmp_path.parents
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(EXAMPLES))
     report = tmp_path / "report.json"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, (MXCHECK_ROOT, EXAMPLES, tmp_path)))}
-    cmd = [sys.executable, "-m", "mxcheck", "conform", "--backend", backend, "--recipe", "ocp-mxfp8-e4m3",
-           "--report", str(report)]
-    if pytest_args:
-        cmd += ["--", *pytest_args]
-    run = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    args = ["conform", "--backend", backend, "--recipe", "ocp-mxfp8-e4m3", "--report", str(report)]
+    code = main([*args, "--", *pytest_args] if pytest_args else args)
+    captured = capsys.readouterr()
     data = json.loads(report.read_text()) if report.is_file() else {}
-    return run.returncode, run.stdout + run.stderr, data
+    return code, captured.out + captured.err, data
 
 
 def _failed(records: list[dict]) -> list[dict]:
     return [r for r in records if not r["passed"]]
 
 
-def test_example_backend_passes_the_whole_suite_on_ocp_mxfp8_e4m3(tmp_path):
-    code, out, report = _conform(tmp_path, "toy_mx:make_backend")
+def test_example_backend_passes_the_whole_suite_on_ocp_mxfp8_e4m3(tmp_path, monkeypatch, capsys):
+    code, out, report = _conform(tmp_path, monkeypatch, capsys, "toy_mx:make_backend")
     assert code == 0, out
     records = report["records"]
     assert {r["backend"] for r in records} == {"toy-mx"}
@@ -58,8 +59,8 @@ def test_example_backend_passes_the_whole_suite_on_ocp_mxfp8_e4m3(tmp_path):
     assert any(r["layer"] == "x_row.scales (amax input)" and r["bit_equal"] for r in records)
 
 
-def test_buggy_example_fails_quantize_on_the_amax_inputs_with_the_scale_one_binade_high(tmp_path):
-    code, out, report = _conform(tmp_path, "toy_mx:make_buggy_backend", "-k", "quantize")
+def test_buggy_example_fails_quantize_on_the_amax_inputs_with_the_scale_one_binade_high(tmp_path, monkeypatch, capsys):
+    code, out, report = _conform(tmp_path, monkeypatch, capsys, "toy_mx:make_buggy_backend", "-k", "quantize")
     assert code == 1, out
     failed = _failed(report["records"])
     assert [(r["test_id"].endswith("-quantize]"), r["layer"]) for r in failed] == \
