@@ -79,7 +79,7 @@ def _layers_module():
 
 def layers() -> str:
     rows = [(name, ", ".join(f"`{m}`" for m in modules)) for name, modules in _layers_module().LAYERS]
-    return _md_table(("layer (top imports nothing below it)", "modules"), rows)
+    return _md_table(("layer (imports only itself and the layers above)", "modules"), rows)
 
 
 def _odds(p: float) -> str:
