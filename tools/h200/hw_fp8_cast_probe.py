@@ -7,7 +7,7 @@ path, bit for bit, then the device time of each on the benchmark's tensor.
 Inputs: every bf16 bit pattern (NaN and Inf included) in order (a block spans a quarter
 binade: every e4m3 / e5m2 tie relative to its scale) and shuffled (blocks mix magnitudes:
 subnormal codes and zeros), and float32 values over 60 binades. ``mx_cuda._HW_FP8_CAST`` was
-switched on once this printed ``same bits: True`` for every case (sixth session; its first
+switched on once this printed ``same bits: True`` for every case (its first
 run found -0 encoded as +0 in 1 ordered and about 10,000 shuffled codes a case).
 
 ``--device cpu`` under ``TRITON_INTERPRET=1`` checks the probe only: the interpreter takes the
