@@ -19,7 +19,6 @@ key path (``all.scale_rule``), the value and what is accepted.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ import torch
 import yaml
 
 from mxcheck.recipes import OPERANDS, OperandSpec, Recipe, get_recipe
+from mxcheck.text import did_you_mean
 
 __all__ = ["RECIPE_FILE_SUFFIXES", "load_recipe_file", "resolve_recipe"]
 
@@ -38,10 +38,8 @@ _TYPES = {"int": int, "bool": bool, "str": str, "int | None": int, "str | None":
 
 
 def _unknown(path: Path, key: str, allowed: tuple[str, ...] | list[str]) -> ValueError:
-    leaf = key.rsplit(".", 1)[-1]
-    close = difflib.get_close_matches(leaf, list(allowed), n=1)
-    hint = f"did you mean {close[0]!r}? " if close else ""
-    return ValueError(f"recipe file {path}: key {key!r} is not known; {hint}expected one of {list(allowed)}")
+    hint = did_you_mean(key.rsplit(".", 1)[-1], list(allowed))
+    return ValueError(f"recipe file {path}: key {key!r} is not known{hint}; expected one of {list(allowed)}")
 
 
 def _read(path: Path) -> Any:

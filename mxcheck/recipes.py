@@ -15,7 +15,6 @@ Every spec quantizes along its operand's contraction axis (the last axis of the 
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -26,6 +25,7 @@ from mxcheck.profiles import ALL_PROFILES, get_profile, pin_problem, pinned_fiel
 from mxcheck.scaling.fp8 import FP8_FORMATS, FP8_GRANULARITIES, SCALE_FORMULAS
 from mxcheck.scaling.mx import MX_ELEMENT_FORMATS
 from mxcheck.scaling.rules import SCALE_RULES
+from mxcheck.text import did_you_mean
 
 __all__ = ["DERIVED_RECIPES", "GEMMS", "GEMM_DIRECTIONS", "LINEAR_DIRECTIONS", "OCP_MX_RECIPES", "OPERANDS", "RECIPES", "SCALINGS", "OperandSpec", "Recipe", "get_recipe"]
 
@@ -232,19 +232,14 @@ def get_recipe(recipe: str | Recipe) -> Recipe:
     if isinstance(recipe, str) and "@" in recipe:  # NAME@PROFILE: Recipe.with_profile
         base, _, profile = recipe.partition("@")
         if base not in known:
-            raise ValueError(f"recipe={recipe!r}: {base!r} is not a known recipe{_did_you_mean(base, known)}; "
+            raise ValueError(f"recipe={recipe!r}: {base!r} is not a known recipe{did_you_mean(base, known)}; "
                              f"expected one of {sorted(known)}, then @ and a profile")
         if profile not in ALL_PROFILES:
             raise ValueError(f"recipe={recipe!r}: {profile!r} is not a known profile"
-                             f"{_did_you_mean(profile, list(ALL_PROFILES))}; known profiles: {', '.join(ALL_PROFILES)}")
+                             f"{did_you_mean(profile, list(ALL_PROFILES))}; known profiles: {', '.join(ALL_PROFILES)}")
         return get_recipe(base).with_profile(profile)
     for table in tables:
         if isinstance(recipe, str) and recipe in table:
             return table[recipe]
-    raise ValueError(f"recipe={recipe!r} is not known{_did_you_mean(str(recipe), known)}; expected one of "
+    raise ValueError(f"recipe={recipe!r} is not known{did_you_mean(str(recipe), known)}; expected one of "
                      f"{sorted(RECIPES)}, {sorted(OCP_MX_RECIPES)} or {sorted(DERIVED_RECIPES)}")
-
-
-def _did_you_mean(name: str, known: list[str]) -> str:
-    close = difflib.get_close_matches(name, known, n=1)
-    return f"; did you mean {close[0]!r}?" if close else ""

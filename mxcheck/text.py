@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Sequence
 
-__all__ = ["table"]
+__all__ = ["did_you_mean", "table"]
 
 
 def table(rows: Sequence[Sequence[str]], indent: str = "  ") -> str:
@@ -18,3 +19,9 @@ def table(rows: Sequence[Sequence[str]], indent: str = "  ") -> str:
         cells = [c.ljust(widths[i]) for i, c in enumerate(r[:-1])] + [r[-1]]
         lines.append((indent + "  ".join(cells)).rstrip())
     return "\n".join(lines) + "\n"
+
+
+def did_you_mean(name: str, known: Sequence[str]) -> str:
+    """"; did you mean 'x'?" naming the nearest of ``known`` to a misspelt ``name``, or ""."""
+    close = difflib.get_close_matches(str(name), list(known), n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""

@@ -8,7 +8,6 @@ factory runs only when a test asks for its backend).
 from __future__ import annotations
 
 import contextlib
-import difflib
 import functools
 import importlib
 import io
@@ -31,6 +30,7 @@ from mxcheck.backends.contract import (
     version_problem,
 )
 from mxcheck.backends.emulated import EmulatedBackend
+from mxcheck.text import did_you_mean
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -75,16 +75,11 @@ def registered() -> list[str]:
     return sorted(set(_FACTORIES) | set(_entry_points()))
 
 
-def _close(name: str, candidates: list[str]) -> str:
-    close = difflib.get_close_matches(name, candidates, n=1)
-    return f"; did you mean {close[0]!r}?" if close else ""
-
-
 def _load_spec(spec: str) -> Callable[[], Backend]:
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise BackendLoadError(f"backend {spec!r}: expected a registered name {registered()} "
-                               f"or 'pkg.module:factory'{_close(spec, registered())}")
+                               f"or 'pkg.module:factory'{did_you_mean(spec, registered())}")
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
@@ -98,7 +93,7 @@ def _load_spec(spec: str) -> Callable[[], Backend]:
     if factory is None:
         public = [n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n))]
         raise BackendLoadError(f"backend {spec!r}: module {module_name!r} ({getattr(module, '__file__', '?')}) "
-                               f"has no attribute {attr!r}{_close(attr, public)}")
+                               f"has no attribute {attr!r}{did_you_mean(attr, public)}")
     return factory
 
 

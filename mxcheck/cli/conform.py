@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from mxcheck.cli.common import CommandError
+from mxcheck.recipe_files import RECIPE_FILE_SUFFIXES
 
 __all__ = ["conform_args", "pytest_args", "run_conform"]
 
@@ -49,7 +50,7 @@ def pytest_args(args: argparse.Namespace, report: str) -> list[str]:
     for b in args.backend:
         out += ["--mxcheck-backend", b]
     for r in args.recipe:
-        out += ["--mxcheck-recipe", str(Path(r).resolve()) if Path(r).suffix in (".yaml", ".yml", ".toml") else r]
+        out += ["--mxcheck-recipe", str(Path(r).resolve()) if Path(r).suffix in RECIPE_FILE_SUFFIXES else r]
     if args.workers:
         out += ["-p", "xdist", "-n", str(args.workers)]
     if args.require_deps:
