@@ -13,6 +13,9 @@ float32 per-tensor decode scale that ``NVFP4Tensor.tensor_scale`` holds):
 - ``block_scale_min``: the float32 block scale is clamped to at least this before the cast
   (torchao: E4M3_EPS = 2^-6, the smallest e4m3 normal; ModelOpt: 2^-9).
 - ``zero_block_scale``: a block scale of exactly 0 becomes this (ModelOpt: 1.0).
+- ``block_scale_rounding``: how the float32 block scale rounds to ue4m3 (``"rne"``, as
+  every known implementation; other values model a kernel whose one rounding helper
+  serves the elements and the scales).
 - ``element_scale`` (what the elements are scaled by, from the rounded block scale s):
   ``"te"`` x * min(1 / (s * (1 / S_enc)), FLT_MAX); ``"divide_product"`` x / (s * ts)
   (torchao 0.12-0.16, ModelOpt); ``"reciprocal_quotient"`` x * ((1 / ts) / s) (torchao 0.17+).
@@ -112,6 +115,7 @@ class NVFP4Profile(ProfileBase):
     block_scale_min: float | None = None
     zero_block_scale: float | None = None
     element_scale: str = "te"
+    block_scale_rounding: str = "rne"
 
     scaling: ClassVar[str] = "nvfp4"
     formats: ClassVar[tuple[str, ...]] = ("e2m1",)
@@ -120,6 +124,8 @@ class NVFP4Profile(ProfileBase):
         for name, table in (("block_scale", BLOCK_SCALES), ("element_scale", ELEMENT_SCALES)):
             if getattr(self, name) not in table:
                 return f"{name}={getattr(self, name)!r}; expected one of {list(table)}"
+        if self.block_scale_rounding not in self.roundings:
+            return f"block_scale_rounding={self.block_scale_rounding!r}; expected one of {sorted(self.roundings)}"
         for name in ("block_scale_min", "zero_block_scale"):
             v = getattr(self, name)
             if v is not None and not 0 < v <= 448:
@@ -140,7 +146,8 @@ class NVFP4Profile(ProfileBase):
             s_f32 = torch.where(s_f32 == 0, self.zero_block_scale, s_f32)
         if self.block_scale_min is not None:
             s_f32 = torch.clamp(s_f32, min=self.block_scale_min)
-        block_scales = _encode_block_scales(s_f32)
+        block_scales = (_encode_block_scales(s_f32) if self.block_scale_rounding == "rne" else
+                        encode_bits(s_f32, FORMATS["e4m3"], self.block_scale_rounding, True) & 0x7F)
         s = decode_table("ue4m3", x.device, torch.float32)[block_scales.to(torch.int64)]
         blocks = work.to(torch.float32).unflatten(-1, (-1, NVFP4_BLOCK))
         scaled = ELEMENT_SCALES[self.element_scale](blocks, s, amax, ts).flatten(-2)
@@ -166,7 +173,8 @@ MULTIPLY_DTYPES = ("float32", "input")
 
 @dataclass(frozen=True)
 class FP8Profile(ProfileBase):
-    """A tensorwise FP8 quantizer pinned to one implementation (RNE, saturating)."""
+    """A tensorwise FP8 quantizer pinned to one implementation (saturating; ``rounding``
+    other than RNE models a kernel's cast with another rounding mode)."""
 
     scale_formula: str = "te"
     scale_arithmetic: str = "float32"
@@ -174,7 +182,6 @@ class FP8Profile(ProfileBase):
 
     scaling: ClassVar[str] = "tensor"
     formats: ClassVar[tuple[str, ...]] = FP8_FORMATS
-    roundings: ClassVar[tuple[str, ...]] = ("rne",)
     spec_fields: ClassVar[tuple[str, ...]] = ("rounding", "hadamard", "scale_formula")
     spec_defaults: ClassVar[dict[str, object]] = {"margin": 0, "power_of_2": False}
 
@@ -194,7 +201,7 @@ class FP8Profile(ProfileBase):
     def quantized(self, x: torch.Tensor, fmt: str | FloatFormat | None = None) -> FP8Tensor:
         """The FP8Tensor (granularity "tensor") the implementation makes of x."""
         f = self.element_format(fmt)
-        if (self.scale_arithmetic, self.multiply_dtype) == ("float32", "float32"):
+        if (self.scale_arithmetic, self.multiply_dtype, self.rounding) == ("float32", "float32", "rne"):
             q = fp8_quantize(x, f, scale_formula=self.scale_formula)
         else:
             check_quantize_input(x, f"profile {self.name}")
@@ -206,7 +213,7 @@ class FP8Profile(ProfileBase):
             scaled = x.to(torch.float32) * scale
             if self.multiply_dtype == "input":
                 scaled = scaled.to(x.dtype)
-            q = FP8Tensor(codes=encode_bits(scaled, f, "rne", True), scale_inv=torch.reciprocal(scale), fmt=f,
+            q = FP8Tensor(codes=encode_bits(scaled, f, self.rounding, True), scale_inv=torch.reciprocal(scale), fmt=f,
                           granularity="tensor", scale=scale, amax=amax)
         if self.zero_sign == "source":
             return q

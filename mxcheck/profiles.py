@@ -25,6 +25,11 @@ Quirk fields (defaults = OCP MX v1.0 as ``mx_quantize`` does it):
   correctly rounded quotient. On every MX element format this changes no byte (pinned).
 - ``subnormal_scale_clamp``: the float32 decode scale a byte-0 block is divided by instead
   of 2^-127 (torchao FLOOR: 2^-126; torchao RCEIL CPU: 1.0, which zeroes the block).
+- ``exponent_range``: what becomes of a block exponent outside E8M0's [-127, 127]:
+  ``"clamp"`` (OCP MX), ``"wrap"`` (never clamped: the biased exponent is kept modulo 256,
+  so a tiny block lands on a huge byte), ``"unsigned"`` (a negative exponent converted to
+  an unsigned byte saturates to 0, so every block below 2^0 stores byte 127: AITER's Triton
+  ``dynamic_mxfp4_quant`` on an NVIDIA GPU).
 - ``zero_sign`` (shared, see ``profile_base``) and ``rounding`` (any of ``ROUNDINGS`` but SR,
   ``half_zero`` included).
 """
@@ -47,11 +52,12 @@ from mxcheck.scaling.blocks import block_amax
 from mxcheck.scaling.mx import MX_ELEMENT_FORMATS, MXTensor, e8m0_reciprocal, mx_quantize
 from mxcheck.scaling.rules import E8M0_NAN, SCALE_RULES
 
-__all__ = ["ALL_PROFILES", "EXPONENT_SOURCES", "FP8_PROFILES", "NAN_POLICIES", "NVFP4_PROFILES", "PROFILES",
+__all__ = ["ALL_PROFILES", "EXPONENT_RANGES", "EXPONENT_SOURCES", "FP8_PROFILES", "NAN_POLICIES", "NVFP4_PROFILES", "PROFILES",
            "QUIRK_FIELDS", "AnyProfile", "FP8Profile", "NVFP4Profile", "Profile", "get_profile", "pin_problem",
            "pinned_fields"]
 
 EXPONENT_SOURCES = ("bits", "log2_fp32", "log2_input")
+EXPONENT_RANGES = ("clamp", "wrap", "unsigned")
 NAN_POLICIES = ("block", "ignore", "zero_scale")
 
 
@@ -72,6 +78,7 @@ class Profile(ProfileBase):
     nan_policy: str = "block"
     rceil_reciprocal: bool = False
     subnormal_scale_clamp: float | None = None
+    exponent_range: str = "clamp"
 
     scaling: ClassVar[str] = "mx"
     formats: ClassVar[tuple[str, ...]] = MX_ELEMENT_FORMATS
@@ -131,6 +138,8 @@ def _check_profile(p: Profile) -> str:
         return f"nan_policy={p.nan_policy!r}; expected one of {list(NAN_POLICIES)}"
     if p.rceil_reciprocal and (p.scale_rule != "rceil" or p.exponent_source != "bits"):
         return "rceil_reciprocal=True needs scale_rule='rceil' and exponent_source='bits'"
+    if p.exponent_range not in EXPONENT_RANGES:
+        return f"exponent_range={p.exponent_range!r}; expected one of {list(EXPONENT_RANGES)}"
     clamp = p.subnormal_scale_clamp
     if clamp is not None and not (clamp > 0 and math.frexp(clamp)[0] == 0.5):
         return f"subnormal_scale_clamp={clamp!r}; expected None or a positive power of two"
@@ -156,19 +165,35 @@ def _log2_rceil(amax: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
     return torch.ceil(torch.log2(amax / fmt.max)).float()
 
 
+def _log2_even(amax: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
+    # The even rule's bump (amax rounded to the element's precision, on its float32 bits),
+    # then floor of a log2 instead of the bumped exponent field.
+    bump = 1 << (22 - fmt.mbits)
+    bumped = (amax.to(torch.float32).view(torch.int32) + bump).view(torch.float32).to(amax.dtype)
+    return torch.floor(torch.log2(bumped)).float() - fmt.emax
+
+
 _LOG2_RULES: dict[str, Callable[[torch.Tensor, FloatFormat], torch.Tensor]] = {
     "floor": _log2_floor,
     "ceil": _log2_ceil,
+    "even": _log2_even,
     "rceil": _log2_rceil,
 }
+
+
+def _rule_exponent(p: Profile, amax: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
+    """The unbiased block exponent before any clamp, from amax's bits or from a log2."""
+    if p.exponent_source == "bits":
+        return SCALE_RULES[p.scale_rule](amax.to(torch.float32), fmt)
+    a = amax if p.amax_floor is None else torch.clamp(amax, min=p.amax_floor)
+    return _LOG2_RULES[p.scale_rule](a, fmt)
 
 
 def _log2_exponent(p: Profile, amax, fmt, scales, nan):
     # aiter gemm_op_a6w6.py _quant_pack_kernel / quant_mxfp6_torch, microxcaling
     # mx_ops.py::_shared_exponents, torchao _to_mx_rceil: a float32 log2, whose result
     # rounds to k for amax a few ulps below 2^k (aiter_mxfp6_scale_log2.md).
-    a = amax if p.amax_floor is None else torch.clamp(amax, min=p.amax_floor)
-    e = _LOG2_RULES[p.scale_rule](a, fmt).clamp(-127, 127) + 127
+    e = _rule_exponent(p, amax, fmt).clamp(-127, 127) + 127
     e = torch.where(amax == 0, p.zero_scale, e)
     return torch.where(torch.isnan(amax), scales, e.to(torch.uint8))
 
@@ -180,6 +205,16 @@ def _reciprocal_rceil(p: Profile, amax, fmt, scales, nan):
     e = SCALE_RULES["rceil"](descale.to(torch.float64) * fmt.max, fmt).clamp(-127, 127) + 127
     e = torch.where(amax == 0, p.zero_scale, e)
     return torch.where(torch.isnan(amax), scales, e.to(torch.uint8))
+
+
+def _exponent_out_of_range(p: Profile, amax, fmt, scales, nan):
+    # "wrap": the biased exponent stored in 8 bits with no clamp; "unsigned": AITER
+    # fp4_utils.py::_dynamic_mxfp4_quant_kernel stores scale_e8m0_unbiased.to(tl.uint8) + 127,
+    # and an NVIDIA GPU saturates the negative float to 0 (references/vectors/aiter_triton_mxfp4_h200.pt).
+    e = _rule_exponent(p, amax, fmt).clamp(-1024, 1024).to(torch.int32)
+    byte = (e + 127) & 0xFF if p.exponent_range == "wrap" else torch.clamp(e, 0, 127) + 127
+    finite = torch.isfinite(amax) & (amax > 0)
+    return torch.where(finite, byte.to(torch.uint8), scales)
 
 
 def _inf_amax(p: Profile, amax, fmt, scales, nan):
@@ -197,6 +232,7 @@ def _nan_as_zero_block(p: Profile, amax, fmt, scales, nan):
 _SCALE_QUIRKS = (
     (lambda p: p.exponent_source != "bits", _log2_exponent),
     (lambda p: p.rceil_reciprocal, _reciprocal_rceil),
+    (lambda p: p.exponent_range != "clamp", _exponent_out_of_range),
     (lambda p: p.inf_amax_byte is not None, _inf_amax),
     (lambda p: p.nan_policy == "zero_scale", _nan_as_zero_block),
 )

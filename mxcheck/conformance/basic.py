@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
 
 from mxcheck import thresholds
-from mxcheck.assertions import NumericsError
+from mxcheck.assertions import NumericsError, check_bitwise
 from mxcheck.conformance._common import (
     NO_LINEAR,
     SAME_OPERANDS_FLOOR_DB,
@@ -28,7 +29,11 @@ from mxcheck.conformance._common import (
 )
 from mxcheck.conformance.inputs import WIDE_POWERS, training_like
 from mxcheck.conformance.sr_linear import check_sr_linear, sr_statistics_reason
+from mxcheck.diagnose import quantize as diagnose_quantize
+from mxcheck.diagnose.behaviour import render_attributions
+from mxcheck.diagnose.catalogue import QUANTIZE_BEHAVIOURS
 from mxcheck.gemm import quantize_operand
+from mxcheck.outcome import Outcome, say
 from mxcheck.recipes import Recipe
 from mxcheck.rng import seeded_default_rng
 from mxcheck.scaling.mx import MXTensor
@@ -68,8 +73,8 @@ QUANTIZE_DTYPES = {
     "inf-nan": (torch.float32, torch.bfloat16),
 }
 DEFAULT_INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-# Every field of the oracle's tensor, scales first: a wrong scale explains the codes after it.
-QUANTIZE_FIELDS = ("scales", "block_scales", "scale_inv", "codes")
+# Every field of the contract, scales first: a wrong scale explains the codes after it.
+QUANTIZE_FIELDS = diagnose_quantize.QUANTIZE_FIELDS
 
 
 def nan_block_codes_as(ours: Any, codes: Any) -> Any:
@@ -89,14 +94,23 @@ def _input_label(what: str, dtype: torch.dtype) -> str:
     return f"{what} input" if dtype == torch.float32 else f"{what} input, {str(dtype).removeprefix('torch.')} tensor"
 
 
+def _field_outcome(got: Any, want: torch.Tensor, context: dict[str, Any]) -> Outcome:
+    """check_bitwise of one field, or a failed outcome naming what the kernel returned instead."""
+    if (problem := diagnose_quantize.field_problem("field", got, want)):
+        return Outcome(None, False, say(problem, context), {"bit_equal": False, "passed": False})
+    return check_bitwise(got, want, None, context)
+
+
 def check_quantize(backend: Any, recipe: Recipe, gen: torch.Generator, numerics: Any = None) -> str | None:
     """The backend's quantization of x_row and w_row is bit-identical to the oracle's, on
     each of QUANTIZE_INPUTS, in each tensor dtype of QUANTIZE_DTYPES the backend accepts
-    (``input_dtypes``). Every field the oracle's tensor has is compared."""
+    (``input_dtypes``). Every field of the contract is compared, scales first, and every
+    comparison runs: the failure counts each differing field, shows the first differing
+    blocks, and names the known behaviours that reproduce them (``mxcheck.diagnose``)."""
     if not hasattr(backend, "quantize"):
         return "backend has no quantize"
     accepted = tuple(getattr(backend, "input_dtypes", DEFAULT_INPUT_DTYPES))
-    ran = 0
+    ran, differing = 0, []
     for what, kw in QUANTIZE_INPUTS.items():
         for name, rows in (("x_row", _M), ("w_row", _N)):
             spec = recipe.spec(name)
@@ -108,13 +122,30 @@ def check_quantize(backend: Any, recipe: Recipe, gen: torch.Generator, numerics:
                 # suite counts as refused; any other exception is a failure.
                 theirs = backend.quantize(t, spec, **fresh_state(recipe, name))
                 ran += 1
-                for field in QUANTIZE_FIELDS:
-                    if hasattr(ours, field):
-                        got = getattr(theirs, field)
-                        if field == "codes":
-                            got = nan_block_codes_as(ours, got)
-                        _bitwise(numerics, got, getattr(ours, field), recipe=recipe.name,
-                                 layer=f"{name}.{field} ({_input_label(what, dtype)})", direction="quantize")
+                label = _input_label(what, dtype)
+                outcomes = []
+                for field in diagnose_quantize.compared_fields(ours):
+                    got = getattr(theirs, field, None)
+                    if field == "codes":
+                        got = nan_block_codes_as(ours, got)
+                    context = {"recipe": recipe.name, "layer": f"{name}.{field} ({label})", "direction": "quantize"}
+                    outcomes.append((_field_outcome(got, getattr(ours, field), context), got, context))
+                lines: list[str] = []
+                if not all(out.passed for out, _, _ in outcomes):  # attribution only runs on a failure
+                    d = diagnose_quantize.compare_quantized(t, spec, ours, theirs, operand=name, label=label)
+                    # behaviours that explained earlier comparisons of this spec run first
+                    first = tuple(a.behaviour for e in differing if e.spec == spec for a in e.attributions)
+                    diagnose_quantize.attribute(d, QUANTIZE_BEHAVIOURS, tuple(dict.fromkeys(first)))
+                    differing.append(d)
+                    lines = render_attributions(d.attributions, d.n_examined, d.unexplained, d.unit)
+                if numerics is not None:
+                    for out, got, context in outcomes:
+                        message = out.message if out.passed else "\n".join([out.message, *lines])
+                        numerics.context(**context).record(
+                            "bitwise", replace(out, message=message), got if isinstance(got, torch.Tensor) else None)
+    if differing:
+        raise NumericsError(diagnose_quantize.report(
+            differing, ran, f"quantize of recipe {recipe.name}, backend {getattr(backend, 'name', backend)}"))
     if not ran:
         return f"backend input_dtypes={accepted} holds none of the input families' dtypes"
     return None

@@ -70,12 +70,28 @@ class Attribution:
                 f"{self.behaviour.describe()}{extra}")
 
 
+WEAKER_SHOWN = 3  # weaker fits listed by name when exact ones exist
+
+
 def render_attributions(attributions: list[Attribution], differing: int, unexplained: int,
                         unit: str = "blocks") -> list[str]:
-    """Report lines: each attribution, best first, then the unexplained remainder. Two
-    behaviours that reproduce the same units are both listed."""
-    lines = [a.line() for a in sorted(attributions, key=lambda a: (-a.reproduced, a.also_changes,
-                                                                      a.behaviour.key))]
+    """Report lines: the exact fits (reproduce differing units and change none the kernel
+    gets right), every one, best first: two behaviours that reproduce the same units are
+    both listed. Weaker fits follow in full when there is no exact fit, else on one line.
+    Then the unexplained remainder."""
+    order = sorted(attributions, key=lambda a: (-a.reproduced, a.also_changes, a.behaviour.key))
+    complete = [a for a in order if not a.also_changes and a.reproduced == differing]
+    exact = complete or [a for a in order if not a.also_changes]
+    weaker = [a for a in order if a not in exact]
+    lines = [a.line() for a in exact]
+    if exact and weaker:
+        named = "; ".join(f"{a.behaviour.title} ({a.reproduced:,} reproduced, {a.also_changes:,} right ones changed)"
+                          if a.also_changes else f"{a.behaviour.title} ({a.reproduced:,} reproduced)"
+                          for a in weaker[:WEAKER_SHOWN])
+        more = f"; and {len(weaker) - WEAKER_SHOWN} more" if len(weaker) > WEAKER_SHOWN else ""
+        lines.append(f"weaker fits (they explain fewer {unit} or change {unit} the kernel gets right): {named}{more}")
+    else:
+        lines += [a.line() for a in weaker]
     if unexplained:
         lines.append(f"{unexplained:,} of {differing:,} differing {unit} are reproduced by no known behaviour "
                      "(mxcheck.diagnose.CATALOGUE)")

@@ -59,6 +59,16 @@ class Numerics:
         return Numerics(self._record, self.test_id, context={**self._context, **fields})
 
     def _run(self, kind: str, out: Outcome, digest: str | None = None) -> Any:
+        self._write(kind, out, digest)
+        return raise_unless(out)
+
+    def record(self, kind: str, out: Outcome, test: torch.Tensor | None = None) -> Outcome:
+        """Record an outcome without raising: a check that makes many comparisons records each
+        and fails once, after the last (``conformance.check_quantize``)."""
+        self._write(kind, out, None if test is None else _digest(test))
+        return out
+
+    def _write(self, kind: str, out: Outcome, digest: str | None) -> None:
         ctx, fields = self._context, dict(out.fields)
         extra = {**fields.pop("extra", {}), **({"digest": digest} if digest else {})}
         self._record(Record(
@@ -66,7 +76,6 @@ class Numerics:
             recipe=str(ctx.get("recipe") or "none"), layer=ctx.get("layer"),
             direction=ctx.get("direction"), m=ctx.get("m"), n=ctx.get("n"), k=ctx.get("k"),
             kind=kind, message=out.message, extra=extra, **fields))
-        return raise_unless(out)
 
     def snr(self, test: torch.Tensor, ref: torch.Tensor, threshold_db: float) -> SNRResult:
         return self._run("snr", check_snr(test, ref, threshold_db, self._context), _digest(test))

@@ -1,0 +1,459 @@
+"""A quantized operand against the oracle's: every field counted, blocks shown, causes named.
+
+``compare_quantized`` compares every field of the contract (per-tensor scale, block
+scales, codes; scales first), block by block, and keeps going past the first difference.
+``diagnose`` then shows the first differing blocks of each kind (the block's inputs, its
+amax, both scales and both codes, decoded) and runs the catalogue
+(``mxcheck.diagnose.catalogue``) on the same input: a behaviour is named for the blocks
+where its bits equal the kernel's, in every field, and for no others.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from mxcheck.diagnose.behaviour import Attribution, Behaviour, render_attributions
+from mxcheck.formats import decode_table, get_format
+from mxcheck.recipes import OperandSpec
+from mxcheck.scaling.fp8 import FP8Tensor
+from mxcheck.scaling.mx import MXTensor
+from mxcheck.scaling.nvfp4 import NVFP4Tensor
+from mxcheck.scaling.rules import E8M0_NAN
+
+__all__ = ["QUANTIZE_FIELDS", "FieldCount", "QuantizeDiff", "attribute", "compare_quantized", "compared_fields",
+           "diagnose", "report", "summary"]
+
+# The fields of the contract (mxcheck.backends.contract.QuantizeBackend), scales first: a
+# wrong scale explains the codes after it. ``amax`` and FP8's ``scale`` are left out: the
+# GEMM never reads them, and adapters fill them with torch where a kernel returns none.
+QUANTIZE_FIELDS = ("tensor_scale", "scale_inv", "scales", "block_scales", "codes")
+_BLOCK_FIELDS = ("scales", "block_scales", "scale_inv")  # the field whose entries are the blocks
+EXAMPLES_PER_KIND = 2  # blocks shown for each kind of difference (which fields differ)
+ELEMENTS_PER_BLOCK = 4  # differing elements shown in a block
+
+
+def compared_fields(oracle: Any) -> tuple[str, ...]:
+    return tuple(f for f in QUANTIZE_FIELDS if isinstance(getattr(oracle, f, None), torch.Tensor))
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """Integer bits of t, so NaN payloads, signs and -0 count."""
+    t = t.detach().cpu()
+    if t.dtype.is_floating_point:
+        return t.contiguous().view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]).to(torch.int64)
+    return t.to(torch.int64)
+
+
+def _expand(t: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """A per-block field spread over the elements it scales (a 0-dim one over all)."""
+    if t.ndim == 0:
+        return t.expand(shape)
+    for dim, (have, want) in enumerate(zip(t.shape, shape, strict=True)):
+        if have != want:
+            t = t.repeat_interleave(-(-want // have), dim=dim).narrow(dim, 0, want)
+    return t
+
+
+def _block_ids(oracle: Any) -> tuple[str, torch.Tensor, int]:
+    """(block field, block index of every element, number of blocks)."""
+    codes = oracle.codes
+    name = next((f for f in _BLOCK_FIELDS if isinstance(getattr(oracle, f, None), torch.Tensor)), None)
+    if name is None or getattr(oracle, name).ndim == 0:  # one scale for the tensor: rows are the units
+        rows = codes.shape[0] if codes.ndim else 1
+        return "rows", torch.arange(rows).reshape(-1, *[1] * (codes.ndim - 1)).expand(codes.shape), rows
+    scale = getattr(oracle, name)
+    ids = torch.arange(scale.numel()).reshape(scale.shape)
+    return name, _expand(ids, codes.shape), scale.numel()
+
+
+def _nan_blocks(q: Any) -> torch.Tensor | None:
+    """Elements of MX blocks whose scale byte is NaN: OCP MX 6.3 makes them all NaN, so their
+    codes are not part of the contract (check_quantize does the same)."""
+    if not isinstance(q, MXTensor) or not isinstance(q.scales, torch.Tensor):
+        return None
+    return _expand((q.scales == E8M0_NAN).cpu(), q.codes.shape)
+
+
+def field_problem(name: str, got: Any, want: torch.Tensor) -> str:
+    if not isinstance(got, torch.Tensor):
+        return f"{name} is {type(got).__name__}, expected a tensor"
+    if tuple(got.shape) != tuple(want.shape) or got.dtype != want.dtype:
+        return f"{name} is {got.dtype} {list(got.shape)}, expected {want.dtype} {list(want.shape)}"
+    return ""
+
+
+def _element_diffs(q: Any, oracle: Any, fields: tuple[str, ...]) -> dict[str, torch.Tensor] | str:
+    """Per field, where q differs from oracle, spread over the elements; or what is wrong with q."""
+    out, shape = {}, oracle.codes.shape
+    skip = _nan_blocks(oracle)
+    other = _nan_blocks(q)
+    skip = skip if other is None else other if skip is None else skip & other
+    for name in fields:
+        got, want = getattr(q, name, None), getattr(oracle, name)
+        if problem := field_problem(name, got, want):
+            return problem
+        diff = _expand(_bits(got) != _bits(want), shape)
+        if name == "codes" and skip is not None:
+            diff = diff & ~skip
+        out[name] = diff
+    return out
+
+
+def _per_block(mask: torch.Tensor, ids: torch.Tensor, n: int) -> torch.Tensor:
+    return torch.zeros(n, dtype=torch.int64).index_add_(0, ids.flatten(), mask.flatten().to(torch.int64)) > 0
+
+
+@dataclass(frozen=True)
+class FieldCount:
+    field: str
+    differ: int
+    total: int
+    unit: str
+
+
+@dataclass
+class QuantizeDiff:
+    """One comparison (an operand copy on one input): counts per field, the differing blocks."""
+
+    operand: str
+    label: str
+    spec: OperandSpec
+    x: torch.Tensor
+    oracle: Any
+    kernel: Any
+    counts: tuple[FieldCount, ...] = ()
+    problem: str = ""  # a field the kernel returned in another shape or dtype
+    block_field: str = "tensor"
+    block_ids: torch.Tensor | None = None
+    differing: torch.Tensor | None = None  # bool per block
+    kinds: dict[tuple[str, ...], torch.Tensor] = field(default_factory=dict)  # differing fields -> blocks
+    attributions: list[Attribution] = field(default_factory=list)
+    unexplained: int = 0
+    explained: torch.Tensor | None = None  # bool per block: some behaviour reproduces it
+    examined: torch.Tensor | None = None  # bool per block: in the rows attribution ran on
+
+    @property
+    def n_differing(self) -> int:
+        return int(self.differing.sum()) if self.differing is not None else 0
+
+    @property
+    def n_examined(self) -> int:
+        """Differing blocks attribution ran on (all of them, or those of its first rows)."""
+        return int((self.differing & self.examined).sum()) if self.examined is not None else self.n_differing
+
+    @property
+    def unit(self) -> str:
+        return "rows" if self.block_field == "rows" else "blocks"
+
+    @property
+    def n_blocks(self) -> int:
+        return int(self.differing.numel()) if self.differing is not None else 0
+
+
+def compare_quantized(x: torch.Tensor, spec: OperandSpec, oracle: Any, kernel: Any, *, operand: str = "x_row",
+                      label: str = "") -> QuantizeDiff:
+    """Every field of kernel against oracle (both the oracle's tensor type), block by block."""
+    fields = compared_fields(oracle)
+    d = QuantizeDiff(operand, label, spec, x.detach().cpu(), _cpu(oracle), _cpu(kernel))
+    diffs = _element_diffs(d.kernel, d.oracle, fields)
+    if isinstance(diffs, str):
+        d.problem = diffs
+        return d
+    d.block_field, d.block_ids, n = _block_ids(d.oracle)
+    per_block = {name: _per_block(m, d.block_ids, n) for name, m in diffs.items()}
+    counts = []
+    for name, m in diffs.items():
+        own = getattr(d.oracle, name)
+        if name == "codes":
+            counts.append(FieldCount(name, int(m.sum()), m.numel(), "elements"))
+        else:  # counted on the field itself: a per-tensor scale is one value
+            counts.append(FieldCount(name, int((_bits(getattr(d.kernel, name)) != _bits(own)).sum()), own.numel(),
+                                     "blocks" if own.ndim else "value"))
+    d.counts = tuple(counts)
+    d.differing = torch.stack(list(per_block.values())).any(0)
+    # which fields differ in a block, as one integer (bit i: field i)
+    pattern = sum(m.to(torch.int64) << i for i, m in enumerate(per_block.values()))
+    for code in pattern[d.differing].unique().tolist():
+        kind = tuple(name for i, name in enumerate(diffs) if code >> i & 1)
+        d.kinds[kind] = pattern == code
+    return d
+
+
+def _cpu(q: Any) -> Any:
+    """q with its tensor fields on the CPU (a report reads them element by element)."""
+    if not hasattr(q, "__dataclass_fields__"):
+        return q
+    moved = {f: getattr(q, f).cpu() for f in q.__dataclass_fields__ if isinstance(getattr(q, f), torch.Tensor)}
+    from dataclasses import replace  # noqa: PLC0415
+
+    return replace(q, **moved) if moved else q
+
+
+# ---- attribution ------------------------------------------------------------------------------
+
+
+SCREEN_ROWS = 8  # rows a behaviour is first tried on; only those that reproduce a block there run on more
+ATTRIBUTION_ROWS = 64  # rows holding differing blocks that attribution counts on (the first ones)
+
+
+def _row_separable(q: Any) -> bool:
+    """A behaviour may run on some rows: blocks lie within rows (1D MX and NVFP4 blocks, FP8
+    rows, tensors and 1x128 blocks), and a per-tensor amax is kept by the anchor rows
+    (``_anchor_rows``). Not 2D tiles, nor an NVFP4 rotation (its amax is taken after it)."""
+    if isinstance(q, MXTensor):
+        return not q.block_2d and q.codes.ndim == 2
+    if isinstance(q, NVFP4Tensor):
+        return not q.block_2d and q.hadamard is None and q.codes.ndim == 2
+    return isinstance(q, FP8Tensor) and q.granularity in ("tensor", "row", "block1x128") and q.codes.ndim == 2
+
+
+def _anchor_rows(x: torch.Tensor) -> torch.Tensor:
+    """Rows that keep a tensor-wide reduction of x what it is on the whole tensor: the row of
+    the largest finite magnitude, the first row with a NaN, the first with an Inf."""
+    a = x.abs().float()
+    finite = torch.where(torch.isfinite(a), a, 0).amax(dim=1)
+    rows = [int(finite.argmax())]
+    for special in (torch.isnan(a), torch.isinf(a)):
+        hit = special.any(dim=1).nonzero().flatten()
+        rows += hit[:1].tolist()
+    return torch.tensor(rows, dtype=torch.int64)
+
+
+def _take_rows(q: Any, rows: torch.Tensor) -> Any:
+    from dataclasses import replace  # noqa: PLC0415
+
+    n = q.codes.shape[0]
+    moved = {f: getattr(q, f)[rows] for f in q.__dataclass_fields__
+             if isinstance(getattr(q, f), torch.Tensor) and getattr(q, f).ndim and getattr(q, f).shape[0] == n}
+    if isinstance(q, MXTensor):
+        moved["shape"] = (len(rows), *q.shape[1:])
+    return replace(q, **moved)
+
+
+@dataclass
+class _Rows:
+    """A comparison restricted to some rows: its input, oracle, kernel, blocks."""
+
+    x: torch.Tensor
+    oracle: Any
+    kernel: Any
+    ids: torch.Tensor
+    differing: torch.Tensor
+    where: torch.Tensor  # indices of these blocks in the whole comparison
+
+
+def _rows(d: QuantizeDiff, rows: torch.Tensor | None) -> _Rows:
+    if rows is None:
+        return _Rows(d.x, d.oracle, d.kernel, d.block_ids, d.differing, torch.arange(d.n_blocks))
+    rows = torch.unique(torch.cat([rows, _anchor_rows(d.x)]))
+    oracle = _take_rows(d.oracle, rows)
+    _, ids, _ = _block_ids(oracle)
+    where = torch.arange(d.n_blocks).reshape(d.oracle.codes.shape[0], -1)[rows].flatten()
+    return _Rows(d.x[rows], oracle, _take_rows(d.kernel, rows), ids, d.differing[where], where)
+
+
+def _reproduces(b: Behaviour, d: QuantizeDiff, r: _Rows) -> torch.Tensor | None:
+    """Per block of r: the behaviour's bits equal the kernel's in every field (None: it does
+    not apply, or returns another layout)."""
+    try:
+        q = b.run(r.x, d.spec, r.oracle)
+    except (ValueError, TypeError, RuntimeError):  # a layout or input the behaviour cannot take
+        return None
+    if q is None:
+        return None
+    diffs = _element_diffs(_cpu(q), r.kernel, compared_fields(d.oracle))
+    if isinstance(diffs, str):
+        return None
+    return ~_per_block(torch.stack(list(diffs.values())).any(0), r.ids, len(r.differing))
+
+
+def _differing_rows(d: QuantizeDiff, blocks: torch.Tensor, limit: int | None) -> torch.Tensor | None:
+    if not _row_separable(d.oracle):
+        return None
+    per_row = d.differing.numel() // d.oracle.codes.shape[0]
+    rows = torch.unique(blocks.nonzero().flatten() // per_row)
+    return rows if limit is None else rows[:limit]
+
+
+def attribute(d: QuantizeDiff, behaviours: tuple[Behaviour, ...], first: tuple[Behaviour, ...] = ()) -> QuantizeDiff:
+    """Name each quantize behaviour for the differing blocks whose every field it reproduces,
+    and count the agreeing blocks (in the rows it ran on) it would change. A behaviour is
+    screened on a few rows holding differing blocks (first those no behaviour has explained
+    yet) and run on every such row only where it reproduced one there. ``first``: behaviours
+    that explained another comparison of the same check; they run before any screening, and
+    when they explain every block the others are not tried."""
+    if d.differing is None or not d.n_differing:
+        return d
+    full = _rows(d, _differing_rows(d, d.differing, ATTRIBUTION_ROWS))
+    d.examined = torch.zeros_like(d.differing)
+    d.examined[full.where] = True
+    d.explained = torch.zeros_like(d.differing)
+    pending = [b for b in behaviours if b.level == "quantize"]
+    tried = [b for b in first if b in pending]
+    while pending:
+        left = d.differing & d.examined & ~d.explained
+        if not tried:
+            if not bool(left.any()):
+                break
+            screen = _rows(d, _differing_rows(d, left, SCREEN_ROWS))
+            tried = [b for b in pending if _fits_somewhere(_reproduces(b, d, screen), screen)]
+            if not tried:
+                break
+        pending = [b for b in pending if b not in tried]
+        for b in tried:
+            _count(d, b, full)
+        tried = []
+    d.unexplained = int((d.differing & d.examined & ~d.explained).sum())
+    return d
+
+
+def _fits_somewhere(ok: torch.Tensor | None, r: _Rows) -> bool:
+    return ok is not None and bool((ok & r.differing).any())
+
+
+def _count(d: QuantizeDiff, b: Behaviour, full: _Rows) -> None:
+    """Run b on the rows attribution counts on; name it where it reproduces a differing block."""
+    ok = _reproduces(b, d, full)
+    if not _fits_somewhere(ok, full):
+        return
+    reproduced = torch.zeros_like(d.differing)
+    reproduced[full.where] = ok & full.differing
+    d.explained |= reproduced
+    d.attributions.append(Attribution(b, int(reproduced.sum()), int(full.differing.sum()), d.unit,
+                                      int((~full.differing & ~ok).sum())))
+
+
+# ---- showing a block ---------------------------------------------------------------------------
+
+
+def _hex(v: torch.Tensor) -> str:
+    width = 2 * v.element_size()
+    return f"0x{int(_bits(v.reshape(1))[0]) & ((1 << (4 * width)) - 1):0{width}x}"
+
+
+def _float(v: float) -> str:
+    return repr(v) if math.isfinite(v) else str(v)
+
+
+def _scale_text(name: str, q: Any, index: int) -> str:
+    t = getattr(q, name).reshape(-1)[index] if getattr(q, name).ndim else getattr(q, name)
+    if name == "scales":
+        b = int(t)
+        return f"0x{b:02x} (NaN)" if b == E8M0_NAN else f"0x{b:02x} (2^{b - 127})"
+    if name == "block_scales":
+        return f"0x{int(t):02x} ({_float(float(decode_table('ue4m3')[int(t)]))})"
+    return f"{_hex(t)} ({_float(float(t))})"
+
+
+def _code_text(q: Any, flat: int) -> str:
+    fmt = q.fmt if isinstance(q, (MXTensor, FP8Tensor)) else get_format("e2m1")
+    c = int(q.codes.reshape(-1)[flat])
+    return f"0x{c:02x} ({_float(float(decode_table(fmt)[c]))})"
+
+
+def _block_text(d: QuantizeDiff, block: int, kind: tuple[str, ...]) -> list[str]:
+    where = (d.block_ids.reshape(-1) == block).nonzero().flatten()
+    shape = d.oracle.codes.shape
+    first, last = (torch.unravel_index(where[i], shape) for i in (0, -1))
+    span = f"row {int(first[0])}, elements {int(first[-1])}-{int(last[-1])}" if len(shape) == 2 else f"{block}"
+    inside = where[where < d.x.numel()] if d.x.shape == shape else where[:0]
+    values = d.x.reshape(-1)[inside]
+    amax = values.abs().float().nan_to_num(nan=math.inf).max() if values.numel() else torch.tensor(math.nan)
+    rotated = " (before the rotation)" if d.spec.hadamard else ""
+    why = " (unexplained)" if d.explained is not None and bool(d.examined[block] & ~d.explained[block]) else ""
+    name = f"row {block}" if d.block_field == "rows" else f"block {d.block_field}[{block}] ({span})"
+    lines = [f"    {name}{why}, differs in {', '.join(kind)}; input amax{rotated} "
+             f"{_hex(amax.to(d.x.dtype))} ({_float(float(amax))})"]
+    for name in compared_fields(d.oracle):
+        if name == "codes":
+            continue
+        index = block if getattr(d.oracle, name).ndim else 0
+        lines.append(f"      {name}: kernel {_scale_text(name, d.kernel, index)} | oracle "
+                     f"{_scale_text(name, d.oracle, index)}")
+    codes_k, codes_o = d.kernel.codes.reshape(-1)[where], d.oracle.codes.reshape(-1)[where]
+    shown = where[codes_k != codes_o][:ELEMENTS_PER_BLOCK]
+    for flat in shown.tolist():
+        value = d.x.reshape(-1)[flat] if d.x.shape == shape else None
+        given = "" if value is None else f"input {_hex(value)} ({_float(float(value))}): "
+        lines.append(f"      element {int(torch.unravel_index(torch.tensor(flat), shape)[-1])}: {given}code kernel "
+                     f"{_code_text(d.kernel, flat)} | oracle {_code_text(d.oracle, flat)}")
+    more = int((codes_k != codes_o).sum()) - len(shown)
+    if more > 0:
+        lines.append(f"      ... and {more} more differing codes in this block")
+    return lines
+
+
+def diagnose(d: QuantizeDiff, behaviours: tuple[Behaviour, ...] | None = None) -> list[str]:
+    """Report lines for one comparison: counts per field, attribution, example blocks."""
+    head = f"{d.operand} ({d.label})" if d.label else d.operand
+    if d.problem:
+        return [f"{head}: {d.problem}"]
+    counts = "; ".join(f"{c.field} {c.differ:,} of {c.total:,} {c.unit}" for c in d.counts if c.differ)
+    lines = [f"{head}: {d.n_differing:,} of {d.n_blocks:,} {d.unit} differ ({counts})"]
+    if behaviours is not None and not d.attributions and not d.unexplained:
+        attribute(d, behaviours)
+    examined = d.n_examined
+    if examined < d.n_differing:
+        lines.append(f"  attribution on the {examined:,} differing {d.unit} of the first {ATTRIBUTION_ROWS} rows "
+                     "that hold any:")
+    lines += ["  " + line for line in render_attributions(d.attributions, examined, d.unexplained, d.unit)]
+    for kind, blocks in d.kinds.items():
+        order = blocks.nonzero().flatten()
+        if d.explained is not None:  # examined blocks no behaviour reproduces first: they are the news
+            news = d.examined[order] & ~d.explained[order]
+            order = torch.cat([order[news], order[~news]])
+        for block in order[:EXAMPLES_PER_KIND].tolist():
+            lines += _block_text(d, block, kind)
+    return lines
+
+
+# ---- one check's report -------------------------------------------------------------------------
+
+DIAGNOSED_IN_FULL = 4  # comparisons shown with examples; the rest get their counts and best cause
+
+
+def _best(d: QuantizeDiff) -> str:
+    return render_attributions(d.attributions, d.n_examined, d.unexplained, d.unit)[0]
+
+
+def summary(diffs: list[QuantizeDiff]) -> list[str]:
+    """Each behaviour over every comparison it reproduces blocks in: how many of the
+    differing blocks examined there it reproduces, in how many comparisons."""
+    totals: dict[str, list[Any]] = {}
+    for d in diffs:
+        for a in d.attributions:
+            t = totals.setdefault(a.behaviour.key, [a.behaviour, 0, 0, 0, 0])
+            t[1] += a.reproduced
+            t[2] += a.differing
+            t[3] += 1
+            t[4] += a.also_changes
+    examined = sum(d.n_examined for d in diffs)
+    unexplained = sum(d.unexplained for d in diffs)
+    ranked = sorted(totals.values(), key=lambda t: (t[4] > 0, -t[1], t[0].key))
+    lines = [f"{rep:,} of the {examined:,} differing blocks examined are reproduced by: {b.describe()} "
+             f"(in {n} of {len(diffs)} comparisons{'' if not changed else f'; it also changes {changed:,} right ones'})"
+             for b, rep, _, n, changed in ranked[:3]]
+    if len(ranked) > 3:
+        lines.append(f"... {len(ranked) - 3} more behaviours fit some blocks (per comparison below)")
+    if unexplained:
+        lines.append(f"{unexplained:,} of the {examined:,} differing blocks examined are reproduced by no known "
+                     "behaviour")
+    return lines
+
+
+def report(diffs: list[QuantizeDiff], compared: int, head: str) -> str:
+    """The failure message of a quantize check: the summary, each differing field's count,
+    then each comparison's attribution and example blocks."""
+    fields = [f"  {d.operand}.{c.field} ({d.label}): {c.differ:,} of {c.total:,} {c.unit} differ"
+              for d in diffs for c in d.counts if c.differ]
+    fields += [f"  {d.operand} ({d.label}): {d.problem}" for d in diffs if d.problem]
+    out = [f"{head}: {len(diffs)} of {compared} comparisons differ from the oracle", *fields,
+           "cause:", *("  " + line for line in summary(diffs))]
+    for i, d in enumerate(diffs):
+        out += diagnose(d) if i < DIAGNOSED_IN_FULL else [f"{d.operand} ({d.label}): {d.n_differing:,} of "
+                                                          f"{d.n_blocks:,} {d.unit} differ; {_best(d)}"]
+    return "\n".join(out)
