@@ -272,6 +272,8 @@ def test_pinned_element_tie_te_and_torchao_round_from_different_float32_products
     ao_scales, ao_codes = torchao_nvfp4(x)
     assert q.block_scales[0].tolist() == ao_scales[0].tolist() == [0x7E]
     assert q.codes[0, :2].tolist() == [0x7, 0x2] and ao_codes[0, :2].tolist() == [0x7, 0x1]
+    # the profiles reproduce both sides (divergence table case 22: element_scale)
+    assert [get_profile(n).quantized(x).codes[0, 1].item() for n in ("te.nvfp4", "torchao.nvfp4")] == [0x2, 0x1]
 
 
 def test_pinned_scale_byte_tie_te_and_torchao_round_from_different_float32_products():
@@ -285,6 +287,8 @@ def test_pinned_scale_byte_tie_te_and_torchao_round_from_different_float32_produ
     ao_scales, _ = torchao_nvfp4(x)
     assert q.block_scales[0].tolist() == [0x7E, 0x0C]
     assert ao_scales[0].tolist() == [0x7E, 0x0B]
+    # the profiles reproduce both sides (divergence table case 23: block_scale)
+    assert [get_profile(n).quantized(x).block_scales[0, 1].item() for n in ("te.nvfp4", "torchao.nvfp4")] == [0x0C, 0x0B]
 
 
 def test_block_scale_folds_the_reciprocal_of_6_into_s_enc_as_te_does_now():
@@ -328,7 +332,7 @@ def test_pinned_tiny_amax_torchao_per_tensor_scale_reciprocal_overflows_where_te
              "(0 * Inf = NaN) are not zero")
     # The profile mirrors torchao's float32 arithmetic, Inf reciprocal included; the codes torchao's
     # cast makes of a NaN are not modelled (profile note), so its zeros are left out here.
-    p = get_profile("torchao.nvfp4", scaling="nvfp4").quantized(x)
+    p = get_profile("torchao.nvfp4").quantized(x)
     assert (p.block_scales[0, 0].item(), *p.codes[0, :2].tolist()) == (0x7E, 0x7, 0xF)
     # Just above the bound 1 / ts is finite and torchao agrees with TE again (amax 1e-35).
     y = x.clone()
