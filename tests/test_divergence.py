@@ -5,6 +5,7 @@ pinned cases that live here; the ``mxcheck divergence`` command."""
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import math
 import re
@@ -128,9 +129,10 @@ def test_table_has_one_row_per_section_8_case_each_reached_or_explained():
         assert any(getattr(a, o.partition("=")[0]) != getattr(b, o.partition("=")[0]) for o in c.options)
 
 
-def _test_functions(path: Path) -> set[str]:
+@functools.cache
+def _test_functions(path: Path) -> frozenset[str]:
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    return {n.name for n in tree.body if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")}
+    return frozenset(n.name for n in tree.body if isinstance(n, ast.FunctionDef) and n.name.startswith("test_"))
 
 
 def test_every_test_the_table_names_exists():
