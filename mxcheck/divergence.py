@@ -253,8 +253,8 @@ class Case:
     """One case of reference_emulators.md section 8 (cases 1-20; later ones are not in it)
     and how mxcheck reaches it.
 
-    ``options``: Profile fields that reproduce it ("field=v1|v2": only between those two
-    values); ``classes``: battery classes where it shows; ``tests``: pytest
+    ``options``: fields of the ``profiles``' kind (MX, NVFP4) that reproduce it ("field=v1|v2":
+    only between those two values); ``classes``: battery classes where it shows (MX only); ``tests``: pytest
     node ids that pin it; ``unreachable``: why mxcheck cannot reach it; ``versions``: which
     versions of a witness behave how, each version range as tests/_witness.py pins it
     (observed by running the pinned tests under those versions).
@@ -284,12 +284,17 @@ class Case:
 
 _P, _D, _F, _M = ("tests/test_profiles.py::", "tests/test_divergence.py::", "tests/test_formats.py::",
                   "tests/test_mx.py::")
+_N, _T, _A = "tests/test_nvfp4.py::", "tests/test_torch_backends.py::", "tests/test_aiter_triton_vectors.py::"
+_NVFP4 = ("te.nvfp4", "torchao.nvfp4")
 _FINITE = ("normal", "normal_scaled", "heavy_tail", "bf16", "amax_below_pow2", "amax_above_max",
            "amax_even_band")
 DIVERGENCE_TABLE: tuple[Case, ...] = (
-    Case(1, "element tie rounding: half away vs RNE", "microxcaling 'nearest' vs torchao, gfloat, TE, "
-         "ml_dtypes, torch", ("rounding",), ("microxcaling", "ocp"), ("ties",),
-         (_D + "test_case1_microxcaling_rounds_ties_away_where_ocp_rounds_to_even",)),
+    Case(1, "element tie rounding: half away vs RNE", "microxcaling 'nearest', AITER Triton MXFP4 (amd-aiter "
+         "0.1.7.post2.dev18, bit twiddling on the float32 bits) vs torchao, gfloat, TE, ml_dtypes, torch",
+         ("rounding",), ("microxcaling", "ocp"), ("ties",),
+         (_D + "test_case1_microxcaling_rounds_ties_away_where_ocp_rounds_to_even",
+          _A + "test_aiter_triton_codes_are_the_even_rule_with_ties_away",
+          _A + "test_aiter_triton_codes_are_not_ties_to_even")),
     Case(2, "below-tie double rounding in float32 floor(|x| + 0.5)", "microxcaling (Python) vs all",
          tests=(_D + "test_case2_below_a_tie_rounds_to_zero_where_microxcaling_gives_min_subnormal",),
          unreachable="a microxcaling float32 artefact; mxcheck rounds exactly"),
@@ -336,7 +341,8 @@ DIVERGENCE_TABLE: tuple[Case, ...] = (
          unreachable="profiles are MX (E8M0) quantizers; NVFP4 is nvfp4_quantize's"),
     Case(16, "current scaling with amax 0, Inf, NaN", "TE kernel vs TE reference vs torchao",
          tests=("tests/test_fp8.py::test_pinned_amax_zero_te_scale_one_vs_torchao_448e12",
-                "tests/test_fp8.py::test_scale_edge_cases")),
+                "tests/test_fp8.py::test_scale_edge_cases",
+                "tests/test_torch_backends.py::test_torchao_float8_turns_a_nan_or_inf_amax_into_a_nan_or_zero_scale")),
     Case(17, "power-of-2 scale from exp2(floor(log2 s))", "torchao vs TE",
          tests=("tests/test_fp8.py::test_pinned_power_of_2_at_nextafter_28_te_8_vs_torchao_16",)),
     Case(18, "DelayedScaling with current amax 0", "TE fused vs unfused",
@@ -355,6 +361,44 @@ DIVERGENCE_TABLE: tuple[Case, ...] = (
                    "tie rounds twice (e2m1 0.25 + 2^-54 -> 0x0, not 0x1)",
                    "ml_dtypes>=0.7 (0.7.0 run): rounds the float64 value once, as gfloat and mxcheck",
                    "torch 2.13.0 .to(): through float32, twice (fp8, e8m0, bf16, fp16)")),
+    Case(22, "NVFP4 element tie decided by the float32 order of the encode scale", "TE (1 / (s * (1 / S_enc))), "
+         "mxcheck vs torchao 0.17+ ((1 / per_tensor_scale) / s)", ("element_scale=te|reciprocal_quotient",), _NVFP4,
+         tests=(_N + "test_pinned_element_tie_te_and_torchao_round_from_different_float32_products",)),
+    Case(23, "NVFP4 scale-byte tie decided by the float32 order of the block scale", "TE (vec_max * (S_enc * "
+         "fl32(1/6))), mxcheck vs torchao ((vec_max / 6) / per_tensor_scale)", ("block_scale=te|quotient",), _NVFP4,
+         tests=(_N + "test_pinned_scale_byte_tie_te_and_torchao_round_from_different_float32_products",)),
+    Case(24, "byte-0 MX blocks divided by 2^-126, not 2^-127", "torchao FLOOR, CEIL, EVEN (float32 scale clamped "
+         "to F32_MIN_NORMAL) vs OCP, TE, gfloat, mxcheck", ("subnormal_scale_clamp=None|2^-126",),
+         ("torchao.floor", "ocp"), ("tiny",),
+         (_M + "test_pinned_torchao_divides_scale_byte_zero_blocks_by_2_pow_minus_126",
+          _P + "test_torchao_floor_divides_byte_zero_blocks_by_2_pow_minus_126")),
+    Case(25, "byte-0 MX blocks left unscaled (divided by 1)", "torchao RCEIL (_to_mx_rceil: reciprocal 1.0 at "
+         "byte 0) vs TE, mxcheck", ("subnormal_scale_clamp=None|1.0",), ("torchao.rceil", "te.mxfp8"), ("tiny",),
+         (_M + "test_pinned_torchao_rceil_zeroes_scale_byte_zero_blocks",
+          _P + "test_torchao_rceil_leaves_byte_zero_blocks_unscaled")),
+    Case(26, "RCEIL scale from a float32 log2 one binade low at amax just above max_elem * 2^k", "torchao 0.18 "
+         "RCEIL eager fallback (ceil(log2(amax / max)) in float32) vs TE, torchao sm100 cvt.rp, mxcheck",
+         ("exponent_source=bits|log2_fp32",), ("torchao.rceil", "te.mxfp8"), ("amax_above_max",),
+         (_P + "test_torchao_rceil_log2_scale_is_one_binade_low_at_nextabove_max_pow2",
+          _T + "test_torchao_fails_the_conformance_quantize_check_only_on_adversarial_amaxes")),
+    Case(27, "NVFP4 tensor amax below 2688 / FLT_MAX: the reciprocal of the per-tensor scale is Inf",
+         "torchao 0.18 vs TE, mxcheck (S_enc capped at FLT_MAX)", ("element_scale=te|reciprocal_quotient",), _NVFP4,
+         tests=(_N + "test_pinned_tiny_amax_torchao_per_tensor_scale_reciprocal_overflows_where_te_caps_it",)),
+    Case(28, "delayed-scaling scale as one division vs a reciprocal times fp8_max", "TE fused kernel (fp8_max / "
+         "amax) vs unfused Python (fl32(1 / amax) * fp8_max; overflows first with a margin)",
+         tests=("tests/test_delayed_scaling.py::test_pinned_unfused_reciprocal_times_max_differs_from_fused_division",
+                "tests/test_delayed_scaling.py::test_margin_scale_and_the_pinned_overflow_order_difference"),
+         unreachable="a delayed-scaling option (DelayedScaling(fused=)), not a quantizer profile"),
+    Case(29, "negative MX block exponent stored as byte 127", "AITER Triton MXFP4 (amd-aiter 0.1.7.post2.dev18) "
+         "on NVIDIA (a negative float to uint8 saturates to 0) vs the same kernel on AMD (wraps), every other MX "
+         "quantizer", tests=(_A + "test_aiter_triton_on_h200_stores_byte_127_for_every_negative_block_exponent",),
+         unreachable="a Triton conversion on one vendor's GPU; profile aiter.mxfp4.triton gives the byte the kernel "
+                     "means"),
+    Case(30, "linear output rounded to bf16 before the bias is added", "torchao 0.18 MXFP8Linear on bf16 "
+         "activations, Float8Linear rowwise (addmm_float8_unwrapped) vs the reference Function (bias added to "
+         "the float32 product)", tests=(_T + "test_torchao_mxfp8_linear_on_bf16_rounds_the_gemm_to_bf16_before_the_bias",
+                                    _T + "test_torchao_rowwise_forward_equals_bf16_gemm_then_bias"),
+         unreachable="a linear's epilogue, not a quantizer"),
 )
 
 

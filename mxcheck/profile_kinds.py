@@ -243,6 +243,8 @@ NVFP4_PROFILES: dict[str, NVFP4Profile] = {p.name: p for p in (
     NVFP4Profile("torchao.nvfp4", block_scale="quotient", block_scale_min=2.0**-6, element_scale="reciprocal_quotient",
                  source=f"pytorch/ao v0.18.0 @5f2baf9d {_TORCHAO_NVFP4}",
                  notes=("data_hp * ((1.0 / per_tensor_scale) / fp32(s)), from 5c0c8148 (v0.17.0) on",
+                        "amax < 2688 / FLT_MAX: per_tensor_scale is a subnormal whose reciprocal is Inf, so nonzero "
+                        "elements saturate to +-6 and zeros become 0 * Inf = NaN (codes not modelled, as below)",
                         *_TORCHAO_NVFP4_NOTES)),
     NVFP4Profile("torchao0.16.nvfp4", block_scale="quotient", block_scale_min=2.0**-6,
                  element_scale="divide_product",

@@ -5,6 +5,7 @@ pinned cases that live here; the ``mxcheck divergence`` command."""
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import math
 import re
@@ -108,22 +109,30 @@ def test_battery_is_seeded_and_bad_arguments_raise():
 
 def test_table_has_one_row_per_section_8_case_each_reached_or_explained():
     # rows 1-20 are section 8's cases; rows after them were found here
-    assert [c.case for c in div.DIVERGENCE_TABLE] == list(range(1, 22))
-    quirks = {f.name for f in fields(Profile)}
+    assert [c.case for c in div.DIVERGENCE_TABLE] == list(range(1, 31))
     for c in div.DIVERGENCE_TABLE:
         assert c.options or c.tests or c.unreachable, c.case
         assert c.reached and c.title and c.libraries, c.case
         assert set(c.classes) <= set(div.INPUTS), c.case
+        if not c.options:
+            continue
+        a, b = (get_profile(p) for p in c.profiles)
+        assert type(a) is type(b) and (not c.classes or isinstance(a, Profile)), c.case  # the battery is MX
+        quirks = {f.name for f in fields(a)}
         for option in c.options:
-            assert option.partition("=")[0] in quirks, (c.case, option)
-        if c.options:  # the named profiles really differ in one of the options
-            a, b = (get_profile(p) for p in c.profiles)
-            assert any(getattr(a, o.partition("=")[0]) != getattr(b, o.partition("=")[0]) for o in c.options)
+            field, _, values = option.partition("=")
+            assert field in quirks, (c.case, option)
+            if values:  # "field=v1|v2": exactly the two profiles' values
+                assert {div._value(getattr(a, field)), div._value(getattr(b, field))} == set(values.split("|")), \
+                    (c.case, option)
+        # the named profiles really differ in one of the options
+        assert any(getattr(a, o.partition("=")[0]) != getattr(b, o.partition("=")[0]) for o in c.options)
 
 
-def _test_functions(path: Path) -> set[str]:
+@functools.cache
+def _test_functions(path: Path) -> frozenset[str]:
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    return {n.name for n in tree.body if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")}
+    return frozenset(n.name for n in tree.body if isinstance(n, ast.FunctionDef) and n.name.startswith("test_"))
 
 
 def test_every_test_the_table_names_exists():
@@ -134,6 +143,66 @@ def test_every_test_the_table_names_exists():
         assert "[" not in func, node  # a function, not one parametrization of it
         assert (ROOT / path).is_file(), node
         assert func in _test_functions(ROOT / path), node
+
+
+def _cited() -> set[str]:
+    return {t for c in div.DIVERGENCE_TABLE for t in c.tests}
+
+
+# A test whose name says it pins a finding: test_pinned_*, or test_case<N>_* for case N.
+_PINNED = re.compile(r"test_pinned_|test_case(\d+)_")
+
+
+def test_every_pinned_test_has_a_table_row():
+    # A pinned finding (a test named test_pinned_* or test_case<N>_*) without a row fails,
+    # and a test_case<N>_ test is cited by row N.
+    rows = {t: c.case for c in div.DIVERGENCE_TABLE for t in c.tests}
+    pinned = [f"{path.relative_to(ROOT).as_posix()}::{name}" for path in sorted((ROOT / "tests").rglob("test_*.py"))
+              for name in sorted(_test_functions(path)) if _PINNED.match(name)]
+    assert len(pinned) >= 16
+    assert [node for node in pinned if node not in rows] == []
+    for node in pinned:
+        m = _PINNED.match(node.partition("::")[2])
+        assert m[1] is None or rows[node] == int(m[1]), node
+
+
+# Tests docs/findings.md names in its "pinned by" column that pin no divergence between
+# implementations' bits, so no row cites them: why.
+NOT_DIVERGENCES = {
+    "tests/conformance/test_edge_shapes.py::test_a_linear_that_rounds_its_inputs_to_bf16_sees_the_same_inputs":
+        "a fix to mxcheck's own edge inputs",
+    "tests/test_torch_backends.py::test_te_refuses_fp8_dims_cublaslt_cannot_take_naming_the_dim":
+        "a refused configuration (cuBLASLt's leading-dim rule)",
+    "tests/test_aiter_triton_backend.py::test_backend_gemm_is_within_the_fp32_accumulation_bound":
+        "the GEMM passes; the finding is a shared-memory config for the H200",
+    "tests/test_torchao_claims.py": "an adapter that skipped every torchao test on releases before 0.18 (fixed)",
+    "tests/test_aiter_triton_backend.py": "the adapter's loading and launch config; the bf16 output is seen in the "
+                                          "sweep, not pinned by a test",
+}
+
+
+def _findings_pinned_by() -> list[str]:
+    """Every tests/... file or node the last column of docs/findings.md's table names."""
+    out = []
+    for line in (ROOT / "docs" / "findings.md").read_text(encoding="utf-8").splitlines():
+        cells = re.split(r"(?<!\\)\|", line)
+        if line.startswith("| ") and len(cells) > 3 and not set(cells[-2].strip()) <= {"-"}:
+            out += re.findall(r"tests/[\w/]+\.py(?:::\w+)?", cells[-2])
+    return out
+
+
+def test_every_test_findings_md_pins_a_finding_with_has_a_table_row():
+    # Each finding's "pinned by" test is cited by a row (a bare test file: some test of it is),
+    # or is listed above as not a divergence of bits; every test_pinned_* one is cited.
+    named = _findings_pinned_by()
+    assert len(named) >= 10 and set(NOT_DIVERGENCES) <= set(named)
+    cited = _cited()
+    files = {t.partition("::")[0] for t in cited}
+    for node in named:
+        if node in NOT_DIVERGENCES:
+            continue
+        assert (node in cited) if "::" in node else (node in files), node
+    assert [n for n in named if "::test_pinned_" in n and n not in cited] == []
 
 
 @pytest.mark.parametrize("case", [c for c in div.DIVERGENCE_TABLE if c.classes], ids=lambda c: str(c.case))
@@ -148,10 +217,10 @@ def test_a_report_of_the_rows_profiles_names_the_row(case):
 def test_table_renders_as_text_and_json():
     text = div.table_text()
     notes = sum(len(c.versions) for c in div.DIVERGENCE_TABLE)
-    assert text.count("\n") == 3 * 21 + notes and " 3  FLOOR scale from a float32 log2" in text
+    assert text.count("\n") == 3 * len(div.DIVERGENCE_TABLE) + notes and " 3  FLOOR scale from a float32 log2" in text
     assert "\n    versions: ml_dtypes>=0.7 (0.7.0 run): they round to nearest, 0x00" in text
     rows = json.loads(json.dumps(div.table_json()))
-    assert [r["case"] for r in rows] == list(range(1, 22)) and rows[2]["options"] == ["exponent_source"]
+    assert [r["case"] for r in rows] == list(range(1, 31)) and rows[2]["options"] == ["exponent_source"]
     assert rows[19]["reached"].startswith("pinned: tests/test_packing.py::")
     assert rows[20]["versions"][0].startswith("ml_dtypes<0.7 (0.6.0 run): casts float64 to float32 first")
 
@@ -288,7 +357,7 @@ def test_command_table_as_text_and_json(capsys):
     code, out, _ = run_cli(capsys, "divergence", "--table")
     assert code == 0 and out == div.table_text()
     code, out, _ = run_cli(capsys, "divergence", "--table", "--json")
-    assert code == 0 and len(json.loads(out)) == len(div.DIVERGENCE_TABLE) == 21
+    assert code == 0 and len(json.loads(out)) == len(div.DIVERGENCE_TABLE) == 30
 
 
 @pytest.mark.parametrize(("argv", "needle"), [

@@ -578,13 +578,27 @@ def test_when_failures_alone_overflow_only_failures_are_shown_and_counted() -> N
         in text
 
 
+def test_the_cut_note_names_only_what_was_cut() -> None:
+    # Every record fits and only skips are cut: the note counts the skips alone (it said
+    # "… and 0 more records, 12 more skips" before), one of a kind in the singular.
+    report = many_records(n_pass=20, n_fail=2)
+    full = render_markdown(report)
+    text = render_markdown(report, max_chars=len(full) - 1200)
+    assert set(shown_layers(text)) == set(shown_layers(full)) and len(shown_layers(full)) == 22
+    note = text.splitlines()[2]
+    shown = int(text.split("Skipped (50, showing ")[1].split(")")[0])
+    assert note == (f"*… and {50 - shown} more skips (cut to fit a GitHub comment); full report in the "
+                    "`mxcheck-report` artifact*")
+
+
 def test_a_report_that_fits_is_unchanged_by_max_chars(small: Report, baseline: Report) -> None:
     for base in (None, baseline):
         full = render_markdown(small, base)
         assert render_markdown(small, base, max_chars=65_000) == full
         assert render_markdown(small, base, max_chars=len(full)) == full
         cut = render_markdown(small, base, max_chars=len(full) - 1)
-        assert len(cut) < len(full) and "more records" in cut
+        # one character over: the last skip goes, and the note counts that alone
+        assert len(cut) < len(full) and "*… and 1 more skip (cut to fit" in cut and " 0 more " not in cut
 
 
 def test_max_chars_below_the_summary_is_a_value_error(small: Report) -> None:

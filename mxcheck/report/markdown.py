@@ -317,16 +317,21 @@ def _parts(report: Report, c: Comparison | None) -> _Parts:
                   c is not None)
 
 
+# What the cut note counts: (kind, singular, plural).
+_CUT_KINDS = (("row", "record", "records"), ("removed", "missing from the baseline", "missing from the baseline"),
+              ("skipped", "skip", "skips"))
+
+
 def _cut_note(parts: _Parts, keep: set[tuple[str, Any, int]], artifact: str) -> str:
-    """"*… and 1,234 more records, 56 more skips; full report in the `x` artifact*"."""
+    """"*… and 1,234 more records, 56 more skips; full report in the `x` artifact*", naming
+    only the kinds something was cut from; "" when nothing was."""
     total = {"row": sum(map(len, parts.rows.values())), "removed": len(parts.removed),
              "skipped": len(parts.skipped)}
     left = {kind: n - sum(kind == k for k, _, _ in keep) for kind, n in total.items()}
-    counts = [f"{left['row']:,} more records"]
-    if left["removed"]:
-        counts.append(f"{left['removed']:,} more missing from the baseline")
-    if left["skipped"]:
-        counts.append(f"{left['skipped']:,} more skips")
+    counts = [f"{left[kind]:,} more {one if left[kind] == 1 else many}" for kind, one, many in _CUT_KINDS
+              if left[kind]]
+    if not counts:
+        return ""
     return (f"*… and {', '.join(counts)} (cut to fit a GitHub comment); full report in the "
             f"`{md_escape(artifact)}` artifact*")
 
