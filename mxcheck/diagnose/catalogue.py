@@ -32,7 +32,7 @@ from mxcheck.scaling.mx import MXTensor
 from mxcheck.scaling.nvfp4 import NVFP4Tensor
 from mxcheck.scaling.rules import E8M0_NAN
 
-__all__ = ["CONVENTIONS", "FAILURES", "QUANTIZE_BEHAVIOURS", "Convention", "spec_profile"]
+__all__ = ["CONVENTIONS", "FAILURES", "NOT_BLOCK_BEHAVIOURS", "QUANTIZE_BEHAVIOURS", "Convention", "spec_profile"]
 
 
 # ---- the spec's own quantizer as a profile ------------------------------------------------
@@ -104,7 +104,7 @@ CONVENTIONS: tuple[Convention, ...] = (
     # MX block exponents
     Convention(Profile, "exponent_source", "log2_fp32",
                "block exponent from a float32 log2 of the amax (one binade high at amax = nextbelow(2^k))",
-               (3,), f"{_MICROX}, gfloat on float32, {_AITER_TRITON}, torchao RCEIL fallback"),
+               (3, 26), f"{_MICROX}, gfloat on float32, {_AITER_TRITON}, torchao RCEIL fallback"),
     Convention(Profile, "exponent_source", "log2_input",
                "block exponent from a log2 in the input's dtype (bf16: log2(255) rounds to 8.0)",
                (3,), "torchao 0.7-0.9 to_mx on bf16 tensors, microxcaling"),
@@ -113,32 +113,32 @@ CONVENTIONS: tuple[Convention, ...] = (
     Convention(Profile, "scale_rule", "ceil", "ceil scale rule: ceil(log2 amax) - emax (a binade up unless "
                "amax is a power of two)", (), "torchao CEIL"),
     Convention(Profile, "scale_rule", "even", "even scale rule: amax rounded to the element's precision, "
-               "then floored", (), "Primus-Turbo MXFP4, AITER MxScaleRoundMode.Even, torchao EVEN"),
+               "then floored", (8,), "Primus-Turbo MXFP4, AITER MxScaleRoundMode.Even, torchao EVEN"),
     Convention(Profile, "scale_rule", "rceil", "rceil scale rule: ceil(log2(amax / max_elem))", (4,),
                "TE MXFP8, torchao RCEIL"),
     Convention(Profile, "exponent_range", "wrap",
                "block exponent never clamped to E8M0's range (the biased exponent kept modulo 256)", ()),
     Convention(Profile, "exponent_range", "unsigned",
                "a negative block exponent converted to unsigned saturates to 0 (byte 127 for every block "
-               "below 2^0)", (), "AITER Triton dynamic_mxfp4_quant on NVIDIA (fp4_utils.py)"),
+               "below 2^0)", (29,), "AITER Triton dynamic_mxfp4_quant on NVIDIA (fp4_utils.py)"),
     Convention(Profile, "zero_scale", 0, "an all-zero block stores byte 0 (2^-127)", (), "OCP MX, torchao, TE"),
     Convention(Profile, "zero_scale", 127, "an all-zero block stores byte 127 (2^0)", (),
                "AITER MXFP6 (quant_mxfp6_gemm.cu)"),
     Convention(Profile, "inf_amax_byte", 254, "an Inf block saturates to byte 254 (0xFE, satfinite)", (5, 7),
                "TE MXFP8 cvt.rp.satfinite, AITER HIP"),
-    Convention(Profile, "inf_amax_byte", 255, "an Inf block stores E8M0 NaN (0xFF)", (5, 7), _MICROX),
+    Convention(Profile, "inf_amax_byte", 255, "an Inf block stores E8M0 NaN (0xFF)", (5, 7, 13), _MICROX),
     Convention(Profile, "inf_amax_byte", 253, "an Inf block stores byte 253", (5,),
                "Primus-Turbo compute_tile_scale"),
     Convention(Profile, "nan_policy", "ignore", "NaN ignored by the block amax (fmaxf): only the NaN element is "
-               "NaN", (6,), "TE MXFP8, AITER HIP, Primus-Turbo"),
+               "NaN", (6, 9), "TE MXFP8, AITER HIP, Primus-Turbo"),
     Convention(Profile, "nan_policy", "zero_scale", "a NaN amax fails amax > 0: the block takes the zero-block "
                "byte", (6,), "AITER quant_mxfp6_torch"),
     Convention(Profile, "nan_policy", "block", "a NaN poisons its block (byte 0xFF)", (6,),
                "OCP MX, torchao, microxcaling"),
     Convention(Profile, "subnormal_scale_clamp", 2.0**-126,
-               "byte-0 blocks divided by 2^-126 (float32's smallest normal), not 2^-127", (),
+               "byte-0 blocks divided by 2^-126 (float32's smallest normal), not 2^-127", (24,),
                f"{_TORCHAO_MX} (F32_MIN_NORMAL clamp)"),
-    Convention(Profile, "subnormal_scale_clamp", 1.0, "byte-0 blocks left unscaled (their elements flush)", (),
+    Convention(Profile, "subnormal_scale_clamp", 1.0, "byte-0 blocks left unscaled (their elements flush)", (25,),
                "torchao _to_mx_rceil CPU fallback"),
     Convention(Profile, "hadamard", None, "the Hadamard rotation is missing", ()),
     # element rounding (every kind)
@@ -162,13 +162,14 @@ CONVENTIONS: tuple[Convention, ...] = (
     Convention(NVFP4Profile, "block_scale_rounding", "half_away", "ue4m3 block-scale ties rounded away from zero"),
     # NVFP4 scale arithmetic
     Convention(NVFP4Profile, "block_scale", "quotient", "NVFP4 block scale (vec_max / 6) / ts: a different "
-               "float32 operation order (scale-byte ties)", (), _TORCHAO_NVFP4),
+               "float32 operation order (scale-byte ties)", (23,), _TORCHAO_NVFP4),
     Convention(NVFP4Profile, "block_scale", "product", "NVFP4 block scale vec_max / (6 * ts)", (),
                "ModelOpt NVFP4QTensor"),
     Convention(NVFP4Profile, "element_scale", "divide_product", "NVFP4 elements x / (s * ts): a different "
-               "float32 operation order (element ties)", (), "torchao 0.12-0.16, ModelOpt"),
+               "float32 operation order (element ties)", (22,), "torchao 0.12-0.16, ModelOpt"),
     Convention(NVFP4Profile, "element_scale", "reciprocal_quotient", "NVFP4 elements x * ((1 / ts) / s): a "
-               "different float32 operation order (element ties)", (), "torchao 0.17+"),
+               "different float32 operation order (element ties; Inf when the tensor amax is below 2688 / "
+               "FLT_MAX)", (22, 27), "torchao 0.17+"),
     Convention(NVFP4Profile, "block_scale_min", 2.0**-6, "NVFP4 block scale floored at 2^-6 (no ue4m3 "
                "subnormal or zero scale)", (15,), _TORCHAO_NVFP4),
     Convention(NVFP4Profile, "block_scale_min", 2.0**-9, "NVFP4 block scale floored at 2^-9", (15,),
@@ -306,9 +307,49 @@ def _no_special_case_amax(x: torch.Tensor, spec: OperandSpec, oracle: Any) -> An
                    amax=amax.reshape(shape))
 
 
+def _nan_code_sign(x: torch.Tensor, spec: OperandSpec, oracle: Any) -> Any:
+    # The NaN code with the other sign bit (0x7F against 0xFF in e4m3): a cast that drops or
+    # sets a NaN's sign.
+    fmt = _element_format(oracle)
+    if fmt.nan_code is None or fmt.nan == "fnuz":
+        return None
+    c = oracle.codes
+    nan = (c & fmt.magnitude_mask) == fmt.nan_code
+    if not bool(nan.any()):
+        return None
+    return _with_codes(oracle, torch.where(nan, c ^ (1 << (fmt.bits - 1)), c).to(torch.uint8))
+
+
+def _inf_not_saturated(x: torch.Tensor, spec: OperandSpec, oracle: Any) -> Any:
+    # An Inf input element gives Inf (e5m2) or NaN (e4m3) instead of the saturated max code.
+    fmt = _element_format(oracle)
+    inf = torch.isinf(x)
+    if fmt.nan_code is None or spec.hadamard or oracle.codes.shape != x.shape or not bool(inf.any()):
+        return None
+    magnitude = (((1 << fmt.ebits) - 1) << fmt.mbits) if fmt.inf else fmt.nan_code
+    sign = (x < 0).to(torch.uint8) << (fmt.bits - 1)
+    return _with_codes(oracle, torch.where(inf, sign | magnitude, oracle.codes).to(torch.uint8))
+
+
+# Divergence-table cases that are not something a kernel does to a block of its input, and why.
+NOT_BLOCK_BEHAVIOURS: dict[int, str] = {
+    2: "a float32 artefact of microxcaling's Python rounding just below a tie (floor(|x| + 0.5)); profile "
+       "microxcaling does not model it",
+    14: "casts of a float to the E8M0 dtype by torch, ml_dtypes and gfloat (witnesses), not a block scale rule",
+    17: "FP8 power-of-2 scales (OperandSpec.power_of_2) are not modelled by the FP8 profile kind",
+    18: "a delayed-scaling history rule across steps; check_quantize judges one fresh step",
+    20: "fp6 packing: the quantize contract holds unpacked codes",
+    21: "float64 inputs: check_quantize feeds float32, bf16 and fp16 tensors",
+    28: "a delayed-scaling option (DelayedScaling(fused=)), across steps",
+}
+
+
 FAILURES: tuple[Behaviour, ...] = (
     Behaviour("nibble_order", "fp4 element pairs swapped (element 0 in the high nibble)", "quantize", _nibble_swap,
               (19,), "torchao before 2025-10 (pytorch/ao#2939)"),
+    Behaviour("nan_code_sign", "NaN codes with the other sign bit", "quantize", _nan_code_sign, (9, 11)),
+    Behaviour("inf_not_saturated", "an Inf input element gives an Inf or NaN code instead of the saturated "
+              "maximum", "quantize", _inf_not_saturated, (12,), "torch and ml_dtypes casts without satfinite"),
     Behaviour("ftz_elements", "element subnormals flushed to zero", "quantize", _flush_element_subnormals),
     Behaviour("daz_inputs", "subnormal inputs read as zero (DAZ)", "quantize", _daz),
     Behaviour("special_zeroes_block", "a NaN or Inf zeroes its whole block", "quantize", _special_zeroes_block,
