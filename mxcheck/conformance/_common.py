@@ -12,8 +12,9 @@ from mxcheck import thresholds
 from mxcheck.assertions import NumericsError, assert_bitwise_equal, assert_snr
 from mxcheck.backends.contract import Refusal
 from mxcheck.conformance.inputs import training_like_cropped
+from mxcheck.diagnose.outputs import exact_and_bound, gemm_mismatch, outside_bound
 from mxcheck.functions import make_delayed_states, quant_linear
-from mxcheck.gemm import dequantize_operand, emulated_gemm, quantize_operand
+from mxcheck.gemm import quantize_operand
 from mxcheck.recipes import GEMMS, OPERANDS, Recipe
 from mxcheck.rng import seeded_default_rng
 
@@ -207,22 +208,17 @@ def gemm_out_dtype(backend: Any) -> torch.dtype:
     return torch.float32 if torch.float32 in dtypes else dtypes[0]
 
 
-def _assert_in_bound(got: torch.Tensor, a: Any, b: Any, what: str) -> None:
-    """got within the fp32-accumulation bound of the exact (float64) GEMM of a and b, the
-    bound's ends rounded to got's dtype: rounding is monotone, so a kernel that accumulates
-    within the bound and rounds once to that dtype lands between them."""
-    exact = emulated_gemm(a, b, out_dtype=torch.float64, accumulate=torch.float64)
+def _assert_in_bound(got: torch.Tensor, a: Any, b: Any, what: str, explain: bool = True) -> None:
+    """got within the fp32-accumulation bound of the exact (float64) GEMM of a and b
+    (``diagnose.outputs.outside_bound``). On failure the message shows the outputs outside
+    it with their operands' scales and, with ``explain``, the known GEMM behaviours that
+    reproduce them (computed only then)."""
+    exact, bound = exact_and_bound(a, b)
     if tuple(got.shape) != tuple(exact.shape):
         raise NumericsError(f"{what}: result shape {tuple(got.shape)}, expected {tuple(exact.shape)}")
-    da, db = dequantize_operand(a).double().abs(), dequantize_operand(b).double().abs()
-    bound = da.shape[1] * 2.0**-24 * (da @ db.T)  # fp32 accumulation of K products, any order
-    lo, hi = ((exact + s * bound).to(got.dtype).double() for s in (-1, 1))
-    bad = ~((got.double() >= lo) & (got.double() <= hi))  # NaN counts as outside
+    bad = outside_bound(got, exact, bound)
     if bad.any():
-        i = tuple(bad.nonzero()[0].tolist())
-        raise NumericsError(f"{what}: outside the fp32-accumulation bound of the exact GEMM; {int(bad.sum())} of "
-                            f"{bad.numel()} outputs; first {i}: got {got[i].item()!r}, exact {exact[i].item()!r}, "
-                            f"bound {bound[i].item():.3g}")
+        raise NumericsError(gemm_mismatch(what, got, a, b, exact, bound, bad, explain=explain))
 
 
 class _Reference:

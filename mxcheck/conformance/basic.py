@@ -32,6 +32,7 @@ from mxcheck.conformance.sr_linear import check_sr_linear, sr_statistics_reason
 from mxcheck.diagnose import quantize as diagnose_quantize
 from mxcheck.diagnose.behaviour import render_attributions
 from mxcheck.diagnose.catalogue import QUANTIZE_BEHAVIOURS
+from mxcheck.diagnose.linear import LinearCase, explain_linear
 from mxcheck.gemm import quantize_operand
 from mxcheck.outcome import Outcome, say
 from mxcheck.recipes import Recipe
@@ -203,23 +204,32 @@ def check_linear(backend: Any, recipe: Recipe, gen: torch.Generator, numerics: A
     own = own_sr_directions(backend, recipe)
     if own and (why := sr_statistics_reason(recipe, own)):
         return why
-    draws = [_linear_draw(backend, recipe, gen) for _ in range(LINEAR_DRAWS)]
-    ctx = {"recipe": recipe.name, "m": _M, "n": _N, "k": _K}
-    for direction in ("fwd", "dgrad", "wgrad", "bgrad"):
-        got, truth = (torch.cat([d[i][direction].double().flatten() for d in draws]) for i in (0, 1))
-        _snr(numerics, got, truth, thresholds.linear_floor(recipe, direction), layer="vs float64 truth",
-             direction=direction, **ctx)
-    same_bits = sr_directions(recipe)
-    for direction in ("fwd", "dgrad", "wgrad"):
-        if direction in own:
-            continue
-        # Same quantized operands (and SR bits): only accumulation order and the output rounding may differ.
-        got, ref = (torch.cat([d[i][direction].double().flatten() for d in draws]) for i in (0, 2))
-        layer = "vs reference Function" + (" (the oracle's SR bits, sr_bits='oracle')" if direction in same_bits
-                                           else "")
-        _snr(numerics, got, ref, SAME_OPERANDS_FLOOR_DB, layer=layer, direction=direction, **ctx)
-    if own:
-        check_sr_linear(numerics, recipe, [(d[3], d[0], d[2]) for d in draws], own, ctx)
+    first_draw = gen.get_state()  # on failure, the attribution reruns the first draw's inputs
+    try:
+        draws = [_linear_draw(backend, recipe, gen) for _ in range(LINEAR_DRAWS)]
+        ctx = {"recipe": recipe.name, "m": _M, "n": _N, "k": _K}
+        for direction in ("fwd", "dgrad", "wgrad", "bgrad"):
+            got, truth = (torch.cat([d[i][direction].double().flatten() for d in draws]) for i in (0, 1))
+            _snr(numerics, got, truth, thresholds.linear_floor(recipe, direction), layer="vs float64 truth",
+                 direction=direction, **ctx)
+        same_bits = sr_directions(recipe)
+        for direction in ("fwd", "dgrad", "wgrad"):
+            if direction in own:
+                continue
+            # Same quantized operands (and SR bits): only accumulation order and the output rounding may differ.
+            got, ref = (torch.cat([d[i][direction].double().flatten() for d in draws]) for i in (0, 2))
+            layer = "vs reference Function" + (" (the oracle's SR bits, sr_bits='oracle')" if direction in same_bits
+                                               else "")
+            _snr(numerics, got, ref, SAME_OPERANDS_FLOOR_DB, layer=layer, direction=direction, **ctx)
+        if own:
+            check_sr_linear(numerics, recipe, [(d[3], d[0], d[2]) for d in draws], own, ctx)
+    except NumericsError as e:
+        x, w, b, _ = _inputs(torch.Generator().set_state(first_draw), _device(backend), recipe)
+        try:
+            lines = explain_linear(_linear(backend, x, w, b, recipe)[3], LinearCase(recipe, x, w, b))
+        except Exception as why:  # the attribution must not hide the failure it was to explain
+            lines = [f"no attribution: the backend's forward raised {type(why).__name__}: {why}"]
+        raise NumericsError("\n".join([str(e), *lines])) from e
     return None
 
 
@@ -233,8 +243,8 @@ def check_weight_change(backend: Any, recipe: Recipe, gen: torch.Generator, nume
         y1 = linear(x, w, b, recipe)
         y2 = linear(x, w * 2, b, recipe)
     if torch.equal(y1, y2):
-        raise NumericsError(f"recipe {recipe.name}: doubling the weight left the output unchanged "
-                            "(a stale cached quantized weight?)")
+        lines = explain_linear(y2, LinearCase(recipe, x, w * 2, b, previous_w=w))
+        raise NumericsError("\n".join([f"recipe {recipe.name}: doubling the weight left the output unchanged", *lines]))
     return None
 
 
@@ -263,7 +273,8 @@ def check_nan_propagates(backend: Any, recipe: Recipe, gen: torch.Generator, num
     with torch.no_grad():
         y = linear(x, w, b, recipe)
     if not torch.isnan(y[3]).any():
-        raise NumericsError(f"recipe {recipe.name}: a NaN in row 3 of x gave a finite row 3 of y")
+        lines = explain_linear(y, LinearCase(recipe, x, w, b))
+        raise NumericsError("\n".join([f"recipe {recipe.name}: a NaN in row 3 of x gave a finite row 3 of y", *lines]))
     return None
 
 

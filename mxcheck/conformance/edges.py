@@ -25,6 +25,7 @@ from mxcheck.conformance._common import (
 )
 from mxcheck.conformance.inputs import training_like_cropped
 from mxcheck.conformance.sr_linear import check_sr_linear, sr_statistics_reason
+from mxcheck.diagnose.shapes import shape_patterns
 from mxcheck.recipes import Recipe
 from mxcheck.thresholds import linear_floor
 
@@ -64,7 +65,8 @@ def _raised(e: Exception, what: str, dims: dict[str, int]) -> str:
     return f"refused: {msg[:160]}"
 
 
-def _edge_gemm(backend: Any, recipe: Recipe, gen: torch.Generator, m: int, n: int, k: int) -> str:
+def _edge_gemm(backend: Any, recipe: Recipe, gen: torch.Generator, m: int, n: int, k: int,
+               explain: bool = True) -> str:
     dims = {"M": m, "N": n, "K": k}
     try:
         a, b = _oracle_pair(recipe, gen, _device(backend), m, n, k)
@@ -74,7 +76,7 @@ def _edge_gemm(backend: Any, recipe: Recipe, gen: torch.Generator, m: int, n: in
         got = backend.gemm(a, b, out_dtype=gemm_out_dtype(backend))
     except Exception as e:  # the error type is the finding
         return _raised(e, f"gemm of recipe {recipe.name}", dims)
-    _assert_in_bound(got, a, b, f"gemm of recipe {recipe.name} at M={m} N={n} K={k}")
+    _assert_in_bound(got, a, b, f"gemm of recipe {recipe.name} at M={m} N={n} K={k}", explain=explain)
     return "correct"
 
 
@@ -134,10 +136,55 @@ def edge_shape_outcome(backend: Any, recipe: Recipe, name: str, gen: torch.Gener
     return out
 
 
+def _edge_paths(backend: Any) -> tuple[str, ...]:
+    return tuple(p for p, has in (("gemm", hasattr(backend, "gemm")), ("linear", linear_of(backend) is not None))
+                 if has)
+
+
 def check_edge_shapes(backend: Any, recipe: Recipe, gen: torch.Generator, numerics: Any = None) -> str | None:
-    """Every EDGE_SHAPES entry computes correctly or raises a clear error naming the dim."""
-    if not hasattr(backend, "gemm") and linear_of(backend) is None:
+    """Every EDGE_SHAPES entry computes correctly or raises a clear error naming the dim.
+
+    Every shape runs on every path (gemm, linear), so a failure lists each failing shape with
+    its first message line, the passing ones, and where one holds, the divisibility of M, N or
+    K that separates failing from correct shapes (``diagnose.shapes``)."""
+    paths = _edge_paths(backend)
+    if not paths:
         return "backend has neither gemm nor linear"
-    for name in EDGE_SHAPES:
-        edge_shape_outcome(backend, recipe, name, gen, numerics)
+    outcomes: dict[str, dict[str, str]] = {p: {} for p in paths}  # path -> shape -> outcome
+    failed: dict[str, dict[str, str]] = {p: {} for p in paths}  # path -> shape -> first message line
+    for name, (m, n, k, _) in EDGE_SHAPES.items():
+        for path in paths:
+            try:
+                if path == "gemm":
+                    # Each shape's first line is kept: the GEMM behaviours are not run for it.
+                    outcomes[path][name] = _edge_gemm(backend, recipe, gen, m, n, k, explain=False)
+                else:
+                    outcomes[path][name] = _edge_linear(backend, recipe, gen, numerics, m, n, k, name)
+            except NumericsError as e:
+                failed[path][name] = str(e).splitlines()[0]
+    if any(failed.values()):
+        raise NumericsError(_edge_failures(recipe, paths, outcomes, failed))
     return None
+
+
+def _edge_failures(recipe: Recipe, paths: tuple[str, ...], outcomes: dict[str, dict[str, str]],
+                   failed: dict[str, dict[str, str]]) -> str:
+    """The message: per path, the failing shapes' count and pattern first (the line a summary
+    keeps), then every failing shape with its first line, then the others' outcomes."""
+    def dims(name: str) -> dict[str, int]:
+        return dict(zip(("M", "N", "K"), EDGE_SHAPES[name][:3], strict=True))
+
+    heads, body = [], []
+    for path in paths:
+        if not failed[path]:
+            continue
+        correct = {s: dims(s) for s, o in outcomes[path].items() if o == "correct"}
+        patterns = shape_patterns({s: dims(s) for s in failed[path]}, correct)
+        heads.append(f"{path} fails at {len(failed[path])} of {len(EDGE_SHAPES)} shapes"
+                     + (f" ({'; '.join(patterns)})" if patterns else ""))
+        body += [f"{path} at {s} ({' '.join(f'{d}={v}' for d, v in dims(s).items())}): {line}"
+                 for s, line in failed[path].items()]
+    for path in paths:
+        body.append(f"{path} passes at: " + (", ".join(f"{s} ({o})" if o != "correct" else s
+                                                        for s, o in outcomes[path].items()) or "no shape"))
+    return "\n".join([f"edge shapes of recipe {recipe.name}: {'; '.join(heads)}", *body])
