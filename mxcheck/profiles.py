@@ -25,11 +25,12 @@ Quirk fields (defaults = OCP MX v1.0 as ``mx_quantize`` does it):
   correctly rounded quotient. On every MX element format this changes no byte (pinned).
 - ``subnormal_scale_clamp``: the float32 decode scale a byte-0 block is divided by instead
   of 2^-127 (torchao FLOOR: 2^-126; torchao RCEIL CPU: 1.0, which zeroes the block).
-- ``exponent_range``: what becomes of a block exponent outside E8M0's [-127, 127]:
-  ``"clamp"`` (OCP MX), ``"wrap"`` (never clamped: the biased exponent is kept modulo 256,
-  so a tiny block lands on a huge byte), ``"unsigned"`` (a negative exponent converted to
-  an unsigned byte saturates to 0, so every block below 2^0 stores byte 127: AITER's Triton
-  ``dynamic_mxfp4_quant`` on an NVIDIA GPU).
+- ``exponent_range``: how the block exponent is *stored* (the codes are made with the
+  clamped exponent either way): ``"clamp"`` (OCP MX: [-127, 127]), ``"wrap"`` (never
+  clamped: the biased exponent kept modulo 256, so a tiny block lands on a huge byte),
+  ``"unsigned"`` (a negative exponent converted to an unsigned byte saturates to 0, so
+  every block below 2^0 stores byte 127: AITER's Triton ``dynamic_mxfp4_quant`` on an
+  NVIDIA GPU, references/vectors/aiter_triton_mxfp4_h200.pt).
 - ``zero_sign`` (shared, see ``profile_base``) and ``rounding`` (any of ``ROUNDINGS`` but SR,
   ``half_zero`` included).
 """
@@ -109,6 +110,8 @@ class Profile(ProfileBase):
         if self.nan_policy != "block":
             codes = _nan_element_codes(xs, f, codes, scales, self.block_size)
         codes = apply_zero_sign(self.zero_sign, clean, codes, f, _per_element(scales != E8M0_NAN, self.block_size))
+        if self.exponent_range != "clamp":
+            scales = _stored_bytes(self, amax, f, scales)
         return codes, scales
 
     def quantized(self, x: torch.Tensor, fmt: str | FloatFormat | None = None) -> MXTensor:
@@ -128,8 +131,6 @@ def _check_profile(p: Profile) -> str:
         return f"zero_scale={p.zero_scale!r}; expected an E8M0 byte in [0, 254]"
     if p.exponent_source not in EXPONENT_SOURCES:
         return f"exponent_source={p.exponent_source!r}; expected one of {list(EXPONENT_SOURCES)}"
-    if p.exponent_source != "bits" and p.scale_rule not in _LOG2_RULES:
-        return f"exponent_source={p.exponent_source!r} takes scale_rule in {sorted(_LOG2_RULES)}, got {p.scale_rule!r}"
     if p.amax_floor is not None and (p.exponent_source == "bits" or not p.amax_floor > 0):
         return f"amax_floor={p.amax_floor!r} needs a log2 exponent_source and a value > 0"
     if p.inf_amax_byte is not None and not 0 <= p.inf_amax_byte <= 255:
@@ -207,14 +208,16 @@ def _reciprocal_rceil(p: Profile, amax, fmt, scales, nan):
     return torch.where(torch.isnan(amax), scales, e.to(torch.uint8))
 
 
-def _exponent_out_of_range(p: Profile, amax, fmt, scales, nan):
-    # "wrap": the biased exponent stored in 8 bits with no clamp; "unsigned": AITER
-    # fp4_utils.py::_dynamic_mxfp4_quant_kernel stores scale_e8m0_unbiased.to(tl.uint8) + 127,
-    # and an NVIDIA GPU saturates the negative float to 0 (references/vectors/aiter_triton_mxfp4_h200.pt).
-    e = _rule_exponent(p, amax, fmt).clamp(-1024, 1024).to(torch.int32)
-    byte = (e + 127) & 0xFF if p.exponent_range == "wrap" else torch.clamp(e, 0, 127) + 127
+def _stored_bytes(p: Profile, amax: torch.Tensor, fmt: FloatFormat, scales: torch.Tensor) -> torch.Tensor:
+    # After the codes: "wrap" stores the unclamped biased exponent in 8 bits; "unsigned" is
+    # AITER fp4_utils.py::_dynamic_mxfp4_quant_kernel's scale_e8m0_unbiased.to(tl.uint8) + 127,
+    # where an NVIDIA GPU saturates a negative float to 0 (the codes used 2^e all along).
     finite = torch.isfinite(amax) & (amax > 0)
-    return torch.where(finite, byte.to(torch.uint8), scales)
+    if p.exponent_range == "unsigned":
+        return torch.where(finite & (scales < 127), 127, scales).to(torch.uint8)
+    e = _rule_exponent(p, amax, fmt).clamp(-1024, 1024).to(torch.int32)
+    wrapped = ((e + 127) & 0xFF).to(torch.uint8)
+    return torch.where(finite & ((e < -127) | (e > 127)), wrapped, scales)
 
 
 def _inf_amax(p: Profile, amax, fmt, scales, nan):
@@ -232,7 +235,6 @@ def _nan_as_zero_block(p: Profile, amax, fmt, scales, nan):
 _SCALE_QUIRKS = (
     (lambda p: p.exponent_source != "bits", _log2_exponent),
     (lambda p: p.rceil_reciprocal, _reciprocal_rceil),
-    (lambda p: p.exponent_range != "clamp", _exponent_out_of_range),
     (lambda p: p.inf_amax_byte is not None, _inf_amax),
     (lambda p: p.nan_policy == "zero_scale", _nan_as_zero_block),
 )

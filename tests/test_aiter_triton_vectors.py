@@ -48,3 +48,13 @@ def test_aiter_triton_on_h200_stores_byte_127_for_every_negative_block_exponent(
     assert 0 < int(negative.sum()) < want.numel()
     assert torch.equal(kernel["scales"][~negative], want[~negative])
     assert bool((kernel["scales"][negative] == 127).all())
+
+
+def test_the_unsigned_exponent_range_is_the_kernel_on_h200_bit_for_bit(kernel):
+    # mxcheck's model of the finding above (profile field exponent_range="unsigned", which the
+    # attribution catalogue names) against the kernel's own bytes: codes and scales.
+    from dataclasses import replace
+
+    codes, scales = replace(get_profile("aiter.mxfp4.triton"), exponent_range="unsigned").quantize(kernel["x"])
+    assert torch.equal(codes, kernel["codes"])
+    assert torch.equal(scales, kernel["scales"])

@@ -7,6 +7,7 @@ in-process, faster, in tests/test_claims.py.)"""
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -63,12 +64,15 @@ def test_buggy_example_fails_quantize_on_the_amax_inputs_with_the_scale_one_bina
     code, out, report = _conform(tmp_path, monkeypatch, capsys, "toy_mx:make_buggy_backend", "-k", "quantize")
     assert code == 1, out
     failed = _failed(report["records"])
-    assert [(r["test_id"].endswith("-quantize]"), r["layer"]) for r in failed] == \
-        [(True, "x_row.scales (amax input)")], failed
+    # every field of every comparison is judged: both operands' scales and codes, amax inputs only
+    assert sorted((r["test_id"].endswith("-quantize]"), r["layer"]) for r in failed) == \
+        [(True, f"{op}.{field} (amax input)") for op in ("w_row", "x_row") for field in ("codes", "scales")], failed
     # bf16 inputs never put an amax at a float32 ulp below 2**k: those pass
     assert all(r["passed"] for r in report["records"] if "(bf16 input)" in r["layer"])
-    # E8M0 bytes: the buggy backend's is one more than the oracle's (0xdb vs 0xda)
-    assert "test 0xdb ref 0xda" in out
+    # E8M0 bytes: the buggy backend's is one more than the oracle's (0xdb vs 0xda), and the
+    # failure names the behaviour that reproduces every differing block
+    assert "scales: kernel 0xdb (2^92) | oracle 0xda (2^91)" in out
+    assert re.search(r"([\d,]+) of \1 differing blocks are reproduced by: block exponent from a float32 log2", out)
 
 
 @pytest.fixture

@@ -360,10 +360,11 @@ def test_a_bad_operand_pin_raises_naming_the_field_both_values_and_the_fix(kwarg
     (NVFP4Profile, {"zero_sign": "minus"}, r"zero_sign='minus'; expected one of \['source', "),
     (FP8Profile, {"scale_arithmetic": "input_reciprocal"}, r"scale_arithmetic='input_reciprocal' evaluates "
                                                            r".*needs scale_formula='primus_turbo', got 'te'"),
-    (FP8Profile, {"rounding": "half_away"}, r"rounding='half_away'; expected one of \['rne'\]"),
+    (FP8Profile, {"rounding": "sr"}, r"rounding='sr'; expected one of \['half_away', "),
+    (NVFP4Profile, {"block_scale_rounding": "sr"}, r"block_scale_rounding='sr'; expected one of \['half_away', "),
     (FP8Profile, {"hadamard": "h32"}, r"hadamard='h32'; FP8 tensorwise profiles take no rotation"),
-    (Profile, {"exponent_source": "log2_input", "scale_rule": "even"}, r"exponent_source='log2_input' takes "
-                                                                       r"scale_rule in \['ceil', 'floor', 'rceil'\]"),
+    (Profile, {"exponent_range": "saturate"}, r"exponent_range='saturate'; expected one of \['clamp', 'wrap', "
+                                              r"'unsigned'\]"),
 ])
 def test_bad_nvfp4_fp8_and_log2_fields_raise_naming_the_field(cls, kwargs, match):
     with pytest.raises(ValueError, match=rf"^profile 'bad': {match}"):
@@ -373,3 +374,18 @@ def test_bad_nvfp4_fp8_and_log2_fields_raise_naming_the_field(cls, kwargs, match
 def test_divergence_takes_mx_profiles_only():
     with pytest.raises(ValueError, match=r"profile 'torchao.nvfp4' pins scaling 'nvfp4', not 'mx'; 'mx' profiles: ocp"):
         divergence("torchao.nvfp4", "ocp")
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+def test_an_fp8_profile_that_truncates_gives_the_largest_code_not_above_each_value(fmt):
+    # float64 truth: every magnitude of the format (decode table), and the float32 product the
+    # cast truncates (x * scale rounded once, as every FP8 quantizer forms it)
+    x = torch.randn(64, 64, generator=torch.Generator().manual_seed(5))
+    q = FP8Profile("trunc", rounding="trunc").quantized(x, fmt)
+    scaled = (x * q.scale).double().abs().clamp(max=get_format(fmt).max)
+    values = decode_table(fmt, dtype=torch.float64)
+    grid = values[torch.isfinite(values) & (values >= 0)].unique()
+    want = grid[torch.searchsorted(grid, scaled, right=True) - 1]
+    got = values[q.codes.to(torch.int64)].abs()
+    assert torch.equal(got, want)
+    assert not torch.equal(q.codes, FP8Profile("rne").quantized(x, fmt).codes)  # it is not RNE

@@ -289,7 +289,7 @@ def test_nan_policy_of_each_profile(name, fmt, byte):
     ({"scale_rule": "round"}, "scale_rule='round'"),
     ({"rounding": "sr"}, "rounding='sr'"),
     ({"exponent_source": "log10"}, "exponent_source='log10'"),
-    ({"exponent_source": "log2_fp32", "scale_rule": "even"}, "scale_rule in"),
+    ({"exponent_range": "wrap2"}, "exponent_range='wrap2'"),
     ({"amax_floor": 1e-30}, "amax_floor=1e-30"),
     ({"inf_amax_byte": 256}, "inf_amax_byte=256"),
     ({"nan_policy": "drop"}, "nan_policy='drop'"),
@@ -312,3 +312,17 @@ def test_family_needs_a_format_and_a_pinned_profile_refuses_another():
 def test_unknown_profile_lists_the_known_ones():
     with pytest.raises(ValueError, match=r"profile 'nvidia' is not known; known profiles: ocp, "):
         get_profile("nvidia")
+
+
+def test_exponent_range_wrap_stores_the_unclamped_biased_exponent_modulo_256():
+    # amax 1.5 * 2^-126 in e2m1 (emax 2, OCP MX v1.0): floor(log2 amax) - emax = -128, one
+    # below E8M0's range; clamped it is byte 0, stored unclamped (-128 + 127) mod 256 = 255.
+    amax = 1.5 * 2.0**-126
+    x = torch.zeros(2, 32)
+    x[0, 3], x[1, 7] = amax, 1.0  # row 1: an in-range block, the same either way
+    want = (math.floor(math.log2(amax)) - 2 + 127) % 256
+    clamped = Profile("clamp").quantize(x, "e2m1")
+    wrapped = Profile("wrap", exponent_range="wrap").quantize(x, "e2m1")
+    assert (int(clamped[1][0, 0]), int(wrapped[1][0, 0])) == (0, want)
+    assert torch.equal(wrapped[1][1], clamped[1][1])
+    assert torch.equal(wrapped[0], clamped[0])  # the codes use the clamped exponent

@@ -81,9 +81,48 @@ def _show(v: Any) -> str:
     return str(v)
 
 
+# Profile fields that are OperandSpec fields mx_quantize takes with any layout (2D blocks, padding)
+_SPEC_FIELDS = ("scale_rule", "rounding", "zero_scale", "hadamard")
+
+
+def _oracle_takes(c: Convention, spec: OperandSpec) -> bool:
+    return (c.kind is Profile and spec.scaling == "mx" and spec.profile is None and spec.rounding != "sr"
+            and c.field in _SPEC_FIELDS and not c.also)
+
+
+def _tiles_as_blocks(c: Convention, spec: OperandSpec, x: torch.Tensor, oracle: Any) -> MXTensor | None:
+    """A convention on 2D MX tiles (bs x bs): each tile quantized as one 1D block of bs*bs
+    elements (the tile's amax and scale are the block's), then put back in the oracle's
+    layout (the tile's byte on each of its rows). Not with a rotation (it runs along K)."""
+    bs = spec.block_size
+    if not (isinstance(oracle, MXTensor) and spec.block_2d and spec.profile is None and spec.hadamard is None
+            and spec.rounding != "sr" and x.ndim == 2 and x.shape[0] % bs == 0 and x.shape[1] % bs == 0
+            and tuple(oracle.codes.shape) == tuple(x.shape)):
+        return None
+    base = Profile("oracle-tiles", block_size=bs * bs, scale_rule=spec.scale_rule, rounding=spec.rounding,
+                   zero_scale=spec.zero_scale)
+    if getattr(base, c.field) == c.value:
+        return None
+    try:
+        variant = replace(base, **{c.field: c.value, **dict(c.also)})
+    except ValueError:
+        return None
+    m, k = x.shape
+    tiles = x.reshape(m // bs, bs, k // bs, bs).permute(0, 2, 1, 3).reshape(-1, bs * bs)
+    codes, scales = variant.quantize(tiles, spec.fmt)
+    codes = codes.reshape(m // bs, k // bs, bs, bs).permute(0, 2, 1, 3).reshape(m, k)
+    return replace(oracle, codes=codes, scales=scales.reshape(m // bs, k // bs).repeat_interleave(bs, dim=0))
+
+
 def _convention_run(c: Convention) -> Callable[..., Any]:
     def run(x: torch.Tensor, spec: OperandSpec, oracle: Any) -> Any:
         base = spec_profile(spec, x)
+        if base is None and c.kind is Profile and (tiled := _tiles_as_blocks(c, spec, x, oracle)) is not None:
+            return tiled
+        if base is None and _oracle_takes(c, spec):  # 2D blocks, padding: the oracle's own option
+            from mxcheck.gemm import quantize_operand  # noqa: PLC0415 (gemm imports the profiles)
+
+            return None if getattr(spec, c.field) == c.value else quantize_operand(x, replace(spec, **{c.field: c.value}))
         if not isinstance(base, c.kind) or getattr(base, c.field) == c.value:
             return None
         try:
@@ -117,10 +156,10 @@ CONVENTIONS: tuple[Convention, ...] = (
     Convention(Profile, "scale_rule", "rceil", "rceil scale rule: ceil(log2(amax / max_elem))", (4,),
                "TE MXFP8, torchao RCEIL"),
     Convention(Profile, "exponent_range", "wrap",
-               "block exponent never clamped to E8M0's range (the biased exponent kept modulo 256)", ()),
+               "block exponent stored unclamped to E8M0's range (the biased exponent kept modulo 256)", ()),
     Convention(Profile, "exponent_range", "unsigned",
-               "a negative block exponent converted to unsigned saturates to 0 (byte 127 for every block "
-               "below 2^0)", (29,), "AITER Triton dynamic_mxfp4_quant on NVIDIA (fp4_utils.py)"),
+               "a negative block exponent stored through an unsigned conversion that saturates to 0 (byte 127 "
+               "for every block below 2^0; the codes use 2^e)", (29,), "AITER Triton dynamic_mxfp4_quant on NVIDIA (fp4_utils.py)"),
     Convention(Profile, "zero_scale", 0, "an all-zero block stores byte 0 (2^-127)", (), "OCP MX, torchao, TE"),
     Convention(Profile, "zero_scale", 127, "an all-zero block stores byte 127 (2^0)", (),
                "AITER MXFP6 (quant_mxfp6_gemm.cu)"),
@@ -341,6 +380,8 @@ NOT_BLOCK_BEHAVIOURS: dict[int, str] = {
     20: "fp6 packing: the quantize contract holds unpacked codes",
     21: "float64 inputs: check_quantize feeds float32, bf16 and fp16 tensors",
     28: "a delayed-scaling option (DelayedScaling(fused=)), across steps",
+    30: "a linear's epilogue (the bias added after a bf16 rounding): within the same-operands SNR floor, so no "
+        "check fails on it",
 }
 
 

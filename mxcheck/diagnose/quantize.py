@@ -316,15 +316,18 @@ def _fits_somewhere(ok: torch.Tensor | None, r: _Rows) -> bool:
 
 
 def _count(d: QuantizeDiff, b: Behaviour, full: _Rows) -> None:
-    """Run b on the rows attribution counts on; name it where it reproduces a differing block."""
+    """Run b on the rows attribution counts on; name it where it reproduces a differing block,
+    unless it would change at least as many blocks the kernel gets right."""
     ok = _reproduces(b, d, full)
     if not _fits_somewhere(ok, full):
         return
     reproduced = torch.zeros_like(d.differing)
     reproduced[full.where] = ok & full.differing
+    changed = int((~full.differing & ~ok).sum())
+    if changed >= int(reproduced.sum()):  # it breaks more blocks than it explains: a coincidence
+        return
     d.explained |= reproduced
-    d.attributions.append(Attribution(b, int(reproduced.sum()), int(full.differing.sum()), d.unit,
-                                      int((~full.differing & ~ok).sum())))
+    d.attributions.append(Attribution(b, int(reproduced.sum()), int(full.differing.sum()), d.unit, changed))
 
 
 # ---- showing a block ---------------------------------------------------------------------------
@@ -451,7 +454,9 @@ def report(diffs: list[QuantizeDiff], compared: int, head: str) -> str:
     fields = [f"  {d.operand}.{c.field} ({d.label}): {c.differ:,} of {c.total:,} {c.unit} differ"
               for d in diffs for c in d.counts if c.differ]
     fields += [f"  {d.operand} ({d.label}): {d.problem}" for d in diffs if d.problem]
-    out = [f"{head}: {len(diffs)} of {compared} comparisons differ from the oracle", *fields,
+    first = next((f"{d.operand}.{c.field} ({d.label})" for d in diffs for c in d.counts if c.differ),
+                 f"{diffs[0].operand} ({diffs[0].label})")
+    out = [f"{head}: {len(diffs)} of {compared} comparisons differ from the oracle, the first in {first}", *fields,
            "cause:", *("  " + line for line in summary(diffs))]
     for i, d in enumerate(diffs):
         out += diagnose(d) if i < DIAGNOSED_IN_FULL else [f"{d.operand} ({d.label}): {d.n_differing:,} of "
