@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from mxcheck import false_failure as ff
+from mxcheck.diagnose import CATALOGUE, NOT_BLOCK_BEHAVIOURS
 from mxcheck.divergence import DIVERGENCE_TABLE
 from mxcheck.profiles import ALL_PROFILES
 from mxcheck.recipes import DERIVED_RECIPES, OCP_MX_RECIPES, RECIPES
@@ -96,7 +97,15 @@ def false_failure() -> str:
             f"slow tests (budget {ff.RUN_BUDGET:g}, `RUN_BUDGET`; least margin `MIN_Z` = {ff.MIN_Z} sd).\n")
 
 
-TABLES = {"recipes": recipes, "ocp-recipes": ocp_recipes, "derived-recipes": derived_recipes,
+def catalogue() -> str:
+    rows = [(f"`{b.key}`", b.level, b.title, ", ".join(map(str, b.cases)) or "-", b.seen_in or "-")
+            for b in CATALOGUE.values()]
+    table = _md_table(("key", "level", "what the kernel does", "divergence cases", "seen in"), rows)
+    why = "".join(f"- case {c}: {reason}\n" for c, reason in sorted(NOT_BLOCK_BEHAVIOURS.items()))
+    return table + "\nDivergence cases no behaviour executes, and why:\n\n" + why
+
+
+TABLES = {"catalogue": catalogue, "recipes": recipes, "ocp-recipes": ocp_recipes, "derived-recipes": derived_recipes,
           "profiles": profiles, "divergence": divergence, "layers": layers, "false-failure": false_failure}
 
 

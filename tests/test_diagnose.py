@@ -1,5 +1,6 @@
 """Quantize failures are counted in full, shown block by block, and attributed to the
-catalogue behaviour that reproduces them (mxcheck.diagnose), and only to one that does."""
+catalogue behaviour that reproduces them (mxcheck.diagnose), and only to one that does.
+Each seeded bug of mxcheck.backends.known_bad is named by its cause in test_known_bad.py."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from mxcheck.divergence import DIVERGENCE_TABLE
 from mxcheck.gemm import quantize_operand
 from mxcheck.profiles import ALL_PROFILES
 from mxcheck.recipes import RECIPES, Recipe
+from tests.conformance.test_known_bad import fully_reproduced
 
 pytestmark = pytest.mark.emulated
 
@@ -29,39 +31,10 @@ def _quantize_failure(backend, recipe: Recipe) -> str:
     return str(info.value)
 
 
-def _fully_reproduced(message: str, key: str) -> list[tuple[int, int]]:
-    """(reproduced, differing) of every line that names CATALOGUE[key] with nothing changed
-    that the kernel gets right."""
-    title = re.escape(CATALOGUE[key].describe())
-    return [(int(a.replace(",", "")), int(b.replace(",", ""))) for a, b in
-            re.findall(rf"([\d,]+) of ([\d,]+) differing (?:blocks|rows) are reproduced by: {title}$", message,
-                       flags=re.M)]
-
-
-# the quantize bugs of mxcheck.backends.known_bad -> (recipe, the behaviour that is the bug)
-QUANTIZE_BUGS = {
-    "bad-scale-rule": ("mxfp4", "mx.scale_rule=floor"),
-    "bad-log2-scale": ("mxfp4", "mx.exponent_source=log2_fp32"),
-    "bad-half-away": ("mxfp4", "mx.rounding=half_away"),
-    "bad-trunc": ("mxfp8", "mx.rounding=trunc"),
-}
-
-
-@pytest.mark.parametrize("bug", sorted(QUANTIZE_BUGS))
-def test_a_seeded_quantize_bug_is_named_by_its_own_behaviour_on_every_block(bug):
-    recipe, key = QUANTIZE_BUGS[bug]
-    message = _quantize_failure(KNOWN_BAD[bug](), RECIPES[recipe])
-    found = _fully_reproduced(message, key)
-    assert found, message[:3000]
-    assert all(r == d for r, d in found), found
-    # every comparison it differs in is explained: nothing left over
-    assert "reproduced by no known behaviour" not in message, message[:3000]
-
-
 def test_the_nvfp4_half_away_bug_is_named_with_its_block_scale_ties():
     # the seeded bug rounds the ue4m3 block scales half away too (one rounding helper)
     message = _quantize_failure(KNOWN_BAD["bad-half-away"](), RECIPES["nvfp4"])
-    found = _fully_reproduced(message, "nvfp4.block_scale_rounding=half_away+nvfp4.rounding=half_away")
+    found = fully_reproduced(message, "nvfp4.block_scale_rounding=half_away+nvfp4.rounding=half_away")
     assert found and all(r == d for r, d in found), message[:3000]
 
 
@@ -86,7 +59,7 @@ def test_one_run_reports_two_independent_bugs_each_with_counts_examples_and_caus
     assert re.search(r"w_row\.scales \(amax input\): [\d,]+ of 4,096 blocks differ", message)
     assert not re.search(r"x_row\.scales \(", message)  # the swap leaves x's scales alone
     # each class attributed in full to its own cause
-    swaps, logs = (_fully_reproduced(message, k) for k in ("nibble_order", "mx.exponent_source=log2_fp32"))
+    swaps, logs = (fully_reproduced(message, k) for k in ("nibble_order", "mx.exponent_source=log2_fp32"))
     assert swaps and all(r == d for r, d in swaps), message[:4000]
     assert logs and all(r == d for r, d in logs), message[:4000]
     # and example blocks of both, with inputs, amax, both scales and both codes decoded
@@ -100,8 +73,7 @@ def test_a_passing_check_runs_no_attribution(monkeypatch):
         raise AssertionError("attribution ran on a passing check")
     for name in ("compare_quantized", "attribute", "report"):
         monkeypatch.setattr(diagnose_quantize, name, boom)
-    for recipe in ("mxfp4", "nvfp4", "fp8"):
-        assert CHECKS["quantize"](EmulatedBackend(), RECIPES[recipe], torch.Generator().manual_seed(0)) is None
+    assert CHECKS["quantize"](EmulatedBackend(), RECIPES["nvfp4"], torch.Generator().manual_seed(0)) is None
 
 
 class _FlipsBits(EmulatedBackend):

@@ -10,46 +10,20 @@ import torch
 
 from mxcheck.assertions import NumericsError
 from mxcheck.backends.emulated import EmulatedBackend
-from mxcheck.backends.known_bad import KNOWN_BAD
 from mxcheck.conformance import CHECKS
 from mxcheck.diagnose.linear import LINEAR_BEHAVIOURS
 from mxcheck.diagnose.outputs import GEMM_BEHAVIOURS
 from mxcheck.diagnose.shapes import shape_patterns
 from mxcheck.gemm import quantize_operand
 from mxcheck.recipes import RECIPES
-from tests.conformance.test_known_bad import EXPECTED
 
 pytestmark = pytest.mark.emulated
 
 BEHAVIOURS = {b.key: b for b in (*GEMM_BEHAVIOURS, *LINEAR_BEHAVIOURS)}
-K_MOD_256 = "fails at every shape with K % 256 != 0 and at no shape with K % 256 == 0"
-# seeded bug -> what its failing check's message must say: a behaviour's key, or the edge pattern
-NAMED = {
-    "bad-nibble-swap": "gemm-fp4-nibble-swap",
-    "bad-bf16-fallback": "linear-bf16-unquantized",
-    "bad-drops-bias": "linear-bias-dropped",
-    "bad-nan-to-zero": "linear-nan-flushed",
-    "bad-stale-weight": "linear-stale-weight",
-    "bad-k-mod-256": K_MOD_256,
-}
-
-
 def _failure(backend, recipe: str, check: str) -> str:
     with pytest.raises(NumericsError) as info:
         CHECKS[check](backend, RECIPES[recipe], torch.Generator().manual_seed(0))
     return str(info.value)
-
-
-@pytest.mark.parametrize("bug", sorted(NAMED))
-def test_a_seeded_bug_is_named_by_the_behaviour_that_reproduces_it_and_by_no_other(bug):
-    recipe, check = EXPECTED[bug]
-    message = _failure(KNOWN_BAD[bug](), recipe, check)
-    want = NAMED[bug]
-    assert (BEHAVIOURS[want].title if want in BEHAVIOURS else want) in message, message
-    others = [b.title for key, b in BEHAVIOURS.items() if key != want and b.title in message]
-    assert not others, (others, message)
-    if want in BEHAVIOURS:  # every differing output is reproduced, none left over
-        assert "reproduced by no known behaviour" not in message, message
 
 
 class _Garbage(EmulatedBackend):

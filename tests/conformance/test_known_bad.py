@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -9,22 +11,26 @@ from mxcheck.assertions import NumericsError
 from mxcheck.backends.emulated import EmulatedBackend
 from mxcheck.backends.known_bad import KNOWN_BAD
 from mxcheck.conformance import CHECKS, run_checks
+from mxcheck.diagnose import CATALOGUE
 from mxcheck.recipes import RECIPES
 
 pytestmark = pytest.mark.emulated
 
-# bug -> (recipe that exposes it, the check that must fail)
+K_MOD_256 = "fails at every shape with K % 256 != 0 and at no shape with K % 256 == 0"
+
+# bug -> (recipe that exposes it, the check that must fail, what the failure must name as its
+# cause: a key of mxcheck.diagnose.CATALOGUE, or the edge-shape pattern)
 EXPECTED = {
-    "bad-nibble-swap": ("mxfp4", "gemm"),
-    "bad-scale-rule": ("mxfp4", "quantize"),
-    "bad-stale-weight": ("mxfp8", "weight_change"),
-    "bad-bf16-fallback": ("mxfp4", "linear"),
-    "bad-nan-to-zero": ("fp8", "nan"),
-    "bad-drops-bias": ("mxfp8", "linear"),
-    "bad-k-mod-256": ("mxfp4", "edge_shapes"),
-    "bad-half-away": ("mxfp4", "quantize"),
-    "bad-trunc": ("mxfp4", "quantize"),
-    "bad-log2-scale": ("mxfp4", "quantize"),
+    "bad-nibble-swap": ("mxfp4", "gemm", "gemm-fp4-nibble-swap"),
+    "bad-scale-rule": ("mxfp4", "quantize", "mx.scale_rule=floor"),
+    "bad-stale-weight": ("mxfp8", "weight_change", "linear-stale-weight"),
+    "bad-bf16-fallback": ("mxfp4", "linear", "linear-bf16-unquantized"),
+    "bad-nan-to-zero": ("fp8", "nan", "linear-nan-flushed"),
+    "bad-drops-bias": ("mxfp8", "linear", "linear-bias-dropped"),
+    "bad-k-mod-256": ("mxfp4", "edge_shapes", K_MOD_256),
+    "bad-half-away": ("mxfp4", "quantize", "mx.rounding=half_away"),
+    "bad-trunc": ("mxfp4", "quantize", "mx.rounding=trunc"),
+    "bad-log2-scale": ("mxfp4", "quantize", "mx.exponent_source=log2_fp32"),
 }
 
 
@@ -32,21 +38,46 @@ def test_every_known_bad_backend_has_an_expectation():
     assert set(EXPECTED) == set(KNOWN_BAD)
 
 
+def _failure(backend, recipe: str, check: str) -> str:
+    with pytest.raises(NumericsError) as info:
+        CHECKS[check](backend, RECIPES[recipe], torch.Generator().manual_seed(0))
+    return str(info.value)
+
+
+def fully_reproduced(message: str, key: str) -> list[tuple[int, int]]:
+    """(reproduced, differing) of each line naming CATALOGUE[key] that changes nothing the
+    kernel gets right."""
+    title = re.escape(CATALOGUE[key].describe())
+    return [(int(a.replace(",", "")), int(b.replace(",", ""))) for a, b in re.findall(
+        rf"([\d,]+) of ([\d,]+) differing (?:blocks|rows|outputs|forward outputs) are reproduced by: {title}$",
+        message, flags=re.M)]
+
+
 @pytest.mark.parametrize("name", sorted(KNOWN_BAD))
-def test_known_bad_backend_fails_the_check_its_bug_breaks(name):
-    # Only that check: the assertion reads no other (the others, the linear check's 4 draws
-    # above all, were 90% of this test's time).
-    recipe, check = EXPECTED[name]
-    results = run_checks(KNOWN_BAD[name](), RECIPES[recipe], names=[check])
-    assert results[check].startswith("FAILED"), results
+def test_known_bad_backend_fails_the_check_its_bug_breaks_and_is_named_by_its_cause(name):
+    """Each seeded bug fails its check (only that check runs: the linear check's 4 draws were
+    90% of this test's time when all ran), and the failure names the catalogue behaviour that
+    is the bug, reproducing every differing unit, and no other behaviour of its level."""
+    recipe, check, cause = EXPECTED[name]
+    message = _failure(KNOWN_BAD[name](), recipe, check)
+    if cause not in CATALOGUE:  # a shape pattern
+        assert cause in message, message
+        return
+    found = fully_reproduced(message, cause)
+    assert found and all(r == d for r, d in found), message[:4000]
+    assert "reproduced by no known behaviour" not in message, message[:4000]
+    if CATALOGUE[cause].level != "quantize":  # outputs: no other behaviour fits by chance
+        others = [b.title for b in CATALOGUE.values() if b.level != "quantize" and b.key != cause
+                  and b.title in message]
+        assert not others, (others, message)
 
 
-@pytest.mark.parametrize("recipe", sorted({r for r, _ in EXPECTED.values()}))
+@pytest.mark.parametrize("recipe", sorted({r for r, _, _ in EXPECTED.values()}))
 def test_the_emulated_backend_passes_the_same_checks(recipe):
     """The premise of each known-bad test: on the same inputs (run_checks' seed) the oracle
     passes the check the bug fails. Every other check on these recipes runs on the oracle in
     test_conformance.py (at the plugin's seed)."""
-    names = sorted({c for r, c in EXPECTED.values() if r == recipe})
+    names = sorted({c for r, c, _ in EXPECTED.values() if r == recipe})
     results = run_checks(EmulatedBackend(), RECIPES[recipe], names=names)
     assert list(results) == names
     assert all(r == "ok" for r in results.values()), results
