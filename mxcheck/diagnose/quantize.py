@@ -197,7 +197,8 @@ def _cpu(q: Any) -> Any:
 
 
 SCREEN_ROWS = 8  # rows a behaviour is first tried on; only those that reproduce a block there run on more
-ATTRIBUTION_ROWS = 64  # rows holding differing blocks that attribution counts on (the first ones)
+ATTRIBUTION_ROWS = 256  # rows holding differing blocks that attribution counts on (the first ones; the
+# conformance inputs have 256, so every differing block of theirs is counted)
 
 
 def _row_separable(q: Any) -> bool:
