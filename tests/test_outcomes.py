@@ -150,3 +150,16 @@ def test_a_fixture_error_is_an_errored_record_in_the_report(pytester: pytest.Pyt
     [r] = Report.load(out).records
     assert (r.kind, r.extra["outcome"], r.message) == ("setup", "errored", "RuntimeError: no device")
     result.stdout.fnmatch_lines(["0 numeric checks, 0 failed, 1 errored, *"])
+
+
+def test_a_failure_record_keeps_the_lines_that_name_its_cause():
+    # a GEMM or linear check raises with its attribution (mxcheck.diagnose) after the first line;
+    # the record keeps those lines so the JSON, Markdown and HTML reports say what the kernel does
+    from mxcheck.report import outcomes
+
+    text = ("gemm of recipe mxfp4: outside the bound; 9 of 16 outputs\n  output [0, 1]: got 1.0\n"
+            "  9 of 9 differing outputs are reproduced by: fp4 nibble order swapped\n  a row: 0x7f (2^0)")
+    report = SimpleNamespace(longrepr=SimpleNamespace(reprcrash=SimpleNamespace(message=text)))
+    assert outcomes._message(report).splitlines() == [
+        "gemm of recipe mxfp4: outside the bound; 9 of 16 outputs",
+        "9 of 9 differing outputs are reproduced by: fp4 nibble order swapped"]

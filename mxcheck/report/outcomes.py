@@ -15,6 +15,7 @@ finished (``Report.complete``); an incomplete one says so first.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -111,10 +112,18 @@ def _params(props: Iterable[tuple[str, Any]]) -> tuple[str, str]:
     return str(backend or "n/a"), str(recipe or "n/a")
 
 
+# Lines of a failure that name its cause (mxcheck.diagnose): kept after the first line, so
+# the JSON, Markdown and HTML reports say what the kernel does, not only where it failed.
+_CAUSE = re.compile(r"are reproduced by|reproduced by no known behaviour|fails at every shape with")
+CAUSE_LINES = 4
+
+
 def _message(report: Any) -> str:
     crash = getattr(report.longrepr, "reprcrash", None)
     text = crash.message if crash is not None else str(report.longrepr)
-    return (text.splitlines() or [""])[0][:_MESSAGE_CHARS]
+    lines = text.splitlines() or [""]
+    causes = [line.strip() for line in lines[1:] if _CAUSE.search(line)][:CAUSE_LINES]
+    return "\n".join([lines[0][:_MESSAGE_CHARS], *(c[:_MESSAGE_CHARS] for c in causes)])
 
 
 def outcome_record(report: Any, records: list[Record]) -> Record | None:
