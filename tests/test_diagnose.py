@@ -131,3 +131,22 @@ def test_a_profile_built_from_a_spec_is_the_oracle():
         ours, theirs = quantize_operand(x, spec), spec_profile(spec, x).quantized(x, spec.fmt)
         for field in diagnose_quantize.compared_fields(ours):
             assert torch.equal(getattr(theirs, field), getattr(ours, field)), (name, field)
+
+
+class _Log2AndNoNegativeZero(EmulatedBackend):
+    """Two conventions in one operand: a float32-log2 block exponent and every zero code +0."""
+
+    name = "log2-and-no-negative-zero"
+
+    def quantize(self, x, spec, **kw):
+        q = KNOWN_BAD["bad-log2-scale"]().quantize(x, spec, **kw)
+        sign = 1 << (q.fmt.bits - 1)
+        return replace(q, codes=torch.where(q.codes == sign, 0, q.codes).to(torch.uint8))
+
+
+def test_blocks_showing_two_conventions_at_once_are_named_by_both_together():
+    message = _quantize_failure(_Log2AndNoNegativeZero(), RECIPES["mxfp4"])
+    log2, zero = "mx.exponent_source=log2_fp32", "mx.zero_sign=never"
+    pair = fully_reproduced(message, f"{log2} & {zero}") + fully_reproduced(message, f"{zero} & {log2}")
+    assert pair and all(r == d for r, d in pair), message[:4000]
+    assert "reproduced by no known behaviour" not in message, message[:4000]

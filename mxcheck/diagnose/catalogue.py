@@ -32,7 +32,8 @@ from mxcheck.scaling.mx import MXTensor
 from mxcheck.scaling.nvfp4 import NVFP4Tensor
 from mxcheck.scaling.rules import E8M0_NAN
 
-__all__ = ["CONVENTIONS", "FAILURES", "NOT_BLOCK_BEHAVIOURS", "QUANTIZE_BEHAVIOURS", "Convention", "spec_profile"]
+__all__ = ["CONVENTIONS", "CONVENTION_OF", "FAILURES", "NOT_BLOCK_BEHAVIOURS", "QUANTIZE_BEHAVIOURS", "Convention", "combined",
+           "spec_profile"]
 
 
 # ---- the spec's own quantizer as a profile ------------------------------------------------
@@ -405,6 +406,25 @@ FAILURES: tuple[Behaviour, ...] = (
 
 def _convention_behaviour(c: Convention) -> Behaviour:
     return Behaviour(c.key, c.title, "quantize", _convention_run(c), c.cases, c.seen_in)
+
+
+CONVENTION_OF: dict[str, Convention] = {c.key: c for c in CONVENTIONS}
+
+
+def combined(first: Behaviour, second: Behaviour) -> Behaviour | None:
+    """Two conventions at once (one kernel may do both: a log2 exponent and no signed zero),
+    or None where either is not a convention or they set one field to two values."""
+    a, b = CONVENTION_OF.get(first.key), CONVENTION_OF.get(second.key)
+    if a is None or b is None or a.kind is not b.kind:
+        return None
+    fields = dict(((a.field, a.value), *a.also))
+    for f, v in ((b.field, b.value), *b.also):
+        if fields.setdefault(f, v) != v:
+            return None
+    both = Convention(a.kind, a.field, a.value, f"{a.title}, together with {b.title}",
+                      tuple(sorted({*a.cases, *b.cases})), "; ".join(filter(None, (a.seen_in, b.seen_in))),
+                      tuple((f, v) for f, v in fields.items() if f != a.field))
+    return replace(_convention_behaviour(both), key=f"{first.key} & {second.key}")
 
 
 QUANTIZE_BEHAVIOURS: tuple[Behaviour, ...] = (

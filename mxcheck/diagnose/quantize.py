@@ -308,8 +308,27 @@ def attribute(d: QuantizeDiff, behaviours: tuple[Behaviour, ...], first: tuple[B
         for b in tried:
             _count(d, b, full)
         tried = []
+    _pairs(d, full)
     d.unexplained = int((d.differing & d.examined & ~d.explained).sum())
     return d
+
+
+PAIRED = 6  # named conventions tried two at a time where blocks are left unexplained
+
+
+def _pairs(d: QuantizeDiff, full: _Rows) -> None:
+    """Blocks no single behaviour reproduces may show two conventions at once (one hides the
+    other in a first-difference report): each pair of the conventions named so far."""
+    from mxcheck.diagnose.catalogue import combined  # noqa: PLC0415 (the catalogue imports nothing of this)
+
+    named = [a.behaviour for a in d.attributions][:PAIRED]
+    for i, first in enumerate(named):
+        for second in named[i + 1:]:
+            if not bool((d.differing & d.examined & ~d.explained).any()):
+                return
+            both = combined(first, second)
+            if both is not None:
+                _count(d, both, full)
 
 
 def _fits_somewhere(ok: torch.Tensor | None, r: _Rows) -> bool:

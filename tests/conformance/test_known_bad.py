@@ -12,6 +12,7 @@ from mxcheck.backends.emulated import EmulatedBackend
 from mxcheck.backends.known_bad import KNOWN_BAD
 from mxcheck.conformance import CHECKS, run_checks
 from mxcheck.diagnose import CATALOGUE
+from mxcheck.diagnose.catalogue import combined
 from mxcheck.recipes import RECIPES
 
 pytestmark = pytest.mark.emulated
@@ -47,7 +48,8 @@ def _failure(backend, recipe: str, check: str) -> str:
 def fully_reproduced(message: str, key: str) -> list[tuple[int, int]]:
     """(reproduced, differing) of each line naming CATALOGUE[key] that changes nothing the
     kernel gets right."""
-    title = re.escape(CATALOGUE[key].describe())
+    behaviour = CATALOGUE.get(key) or combined(*(CATALOGUE[k] for k in key.split(" & ")))
+    title = re.escape(behaviour.describe())
     return [(int(a.replace(",", "")), int(b.replace(",", ""))) for a, b in re.findall(
         rf"([\d,]+) of ([\d,]+) differing (?:blocks|rows|outputs|forward outputs) are reproduced by: {title}$",
         message, flags=re.M)]

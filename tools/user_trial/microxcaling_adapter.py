@@ -9,6 +9,15 @@ exponent is ``floor(log2(amax))`` taken in the input's dtype (mx_ops.py::_shared
 so a bf16 amax just under 2**k rounds to k and the scale byte is one higher (8-15 of 4,096
 blocks per claim on the bf16 midpoint inputs).
 
+Attribution (2026-12-03, CPU, ``-- -k quantize``): one run names every class. On
+ocp-mxfp8-e4m3 every differing block is reproduced: by a log2 in the input's dtype (case 3),
+by a float32 log2 on float32 inputs, and by the zero code's sign taken from x < 0 (-0.0
+gives +0, case 10), alone or two together. The remainder is unexplained: 369 of 3,234
+differing blocks (ocp-mxfp4), 100 of 4,004 (e2m3), 9 of 3,604 (e3m2). Its examples are
+elements just below a rounding midpoint that round up. For instance, bf16 0x3dff at scale
+2^-1 is 0.498 quanta and gives code 0x01, not 0x00. A ``floor(|x| + 0.5)`` computed in bf16
+would do that (case 2, in the input's dtype). That behaviour is not in the catalogue.
+
 The element codes come from mxcheck.encode of the library's own dequantized values divided by
 its own scale: exact, since those values lie on the element grid (a layout conversion, not a
 second quantization)."""
