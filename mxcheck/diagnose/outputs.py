@@ -198,8 +198,9 @@ GEMM_BEHAVIOURS: tuple[Behaviour, ...] = (
     _scales_ignored("both"),
     Behaviour("gemm-scales-swapped", "scales applied to the wrong operand (a read with b's scales, b with a's)",
               "gemm", OperandTransform(_scales_swapped),
-              seen_in="cuBLASLt MXFP8 as first wrapped for torch._scaled_mm (NVIDIA/CUDALibrarySamples#248); "
-                      "hipBLASLt row-wise FP8 in ROCm PyTorch 2.6 (ROCm/pytorch#2739)"),
+              seen_in="cuBLASLt MXFP8 as first wrapped for torch._scaled_mm (NVIDIA/CUDALibrarySamples#248, "
+                      "pytorch/pytorch#146655); hipBLASLt row-wise FP8, whose A/B scale swap torch hard-coded "
+                      "(pytorch/pytorch#147548)"),
 )
 
 
