@@ -146,8 +146,9 @@ class QuantizeBackend(Backend, Protocol):
           ``mxcheck.FP8Tensor``; ``codes`` uint8 fp8 codes shaped like x, ``scale_inv``
           float32 dequantization multipliers: shape (), (rows, 1) or one per block.
 
-        Every field the oracle's tensor has is compared bit for bit (``codes``, ``scales``,
-        ``block_scales``, ``scale_inv``). ``pack()`` is the oracle's: fp4 two codes a byte,
+        Every field a GEMM reads is compared bit for bit, scales first (``tensor_scale``,
+        ``scale_inv``, ``scales``, ``block_scales``, then ``codes``); ``amax`` and FP8's
+        ``scale`` are not (adapters may fill them with torch). ``pack()`` is the oracle's: fp4 two codes a byte,
         the low nibble the even index; fp6 four codes in three bytes. ``state`` is the
         operand's amax history for ``"delayed"`` specs (a ``DelayedScaling``), else None.
         A spec or shape it cannot take: raise :class:`Refusal`.
