@@ -146,8 +146,7 @@ class NVFP4Profile(ProfileBase):
             s_f32 = torch.where(s_f32 == 0, self.zero_block_scale, s_f32)
         if self.block_scale_min is not None:
             s_f32 = torch.clamp(s_f32, min=self.block_scale_min)
-        block_scales = (_encode_block_scales(s_f32) if self.block_scale_rounding == "rne" else
-                        encode_bits(s_f32, FORMATS["e4m3"], self.block_scale_rounding, True) & 0x7F)
+        block_scales = _encode_block_scales(s_f32, self.block_scale_rounding)
         s = decode_table("ue4m3", x.device, torch.float32)[block_scales.to(torch.int64)]
         blocks = work.to(torch.float32).unflatten(-1, (-1, NVFP4_BLOCK))
         scaled = ELEMENT_SCALES[self.element_scale](blocks, s, amax, ts).flatten(-2)

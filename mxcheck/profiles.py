@@ -53,9 +53,9 @@ from mxcheck.scaling.blocks import block_amax
 from mxcheck.scaling.mx import MX_ELEMENT_FORMATS, MXTensor, e8m0_reciprocal, mx_quantize
 from mxcheck.scaling.rules import E8M0_NAN, SCALE_RULES
 
-__all__ = ["ALL_PROFILES", "EXPONENT_RANGES", "EXPONENT_SOURCES", "FP8_PROFILES", "NAN_POLICIES", "NVFP4_PROFILES", "PROFILES",
-           "QUIRK_FIELDS", "AnyProfile", "FP8Profile", "NVFP4Profile", "Profile", "get_profile", "pin_problem",
-           "pinned_fields"]
+__all__ = ["ALL_PROFILES", "EXPONENT_RANGES", "EXPONENT_SOURCES", "FP8_PROFILES", "NAN_POLICIES", "NVFP4_PROFILES",
+           "PROFILES", "QUIRK_FIELDS", "AnyProfile", "FP8Profile", "NVFP4Profile", "Profile", "get_profile",
+           "pin_problem", "pinned_fields"]
 
 EXPONENT_SOURCES = ("bits", "log2_fp32", "log2_input")
 EXPONENT_RANGES = ("clamp", "wrap", "unsigned")

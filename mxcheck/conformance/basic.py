@@ -95,9 +95,9 @@ def _input_label(what: str, dtype: torch.dtype) -> str:
     return f"{what} input" if dtype == torch.float32 else f"{what} input, {str(dtype).removeprefix('torch.')} tensor"
 
 
-def _field_outcome(got: Any, want: torch.Tensor, context: dict[str, Any]) -> Outcome:
+def _field_outcome(field: str, got: Any, want: torch.Tensor, context: dict[str, Any]) -> Outcome:
     """check_bitwise of one field, or a failed outcome naming what the kernel returned instead."""
-    if (problem := diagnose_quantize.field_problem("field", got, want)):
+    if (problem := diagnose_quantize.field_problem(field, got, want)):
         return Outcome(None, False, say(problem, context), {"bit_equal": False, "passed": False})
     return check_bitwise(got, want, None, context)
 
@@ -130,7 +130,7 @@ def check_quantize(backend: Any, recipe: Recipe, gen: torch.Generator, numerics:
                     if field == "codes":
                         got = nan_block_codes_as(ours, got)
                     context = {"recipe": recipe.name, "layer": f"{name}.{field} ({label})", "direction": "quantize"}
-                    outcomes.append((_field_outcome(got, getattr(ours, field), context), got, context))
+                    outcomes.append((_field_outcome(field, got, getattr(ours, field), context), got, context))
                 lines: list[str] = []
                 if not all(out.passed for out, _, _ in outcomes):  # attribution only runs on a failure
                     d = diagnose_quantize.compare_quantized(t, spec, ours, theirs, operand=name, label=label)

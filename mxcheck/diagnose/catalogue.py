@@ -24,7 +24,8 @@ from typing import Any
 import torch
 
 from mxcheck.diagnose.behaviour import Behaviour
-from mxcheck.formats import get_format
+from mxcheck.formats import FloatFormat, encode_bits, get_format
+from mxcheck.gemm import quantize_operand
 from mxcheck.profiles import ALL_PROFILES, FP8Profile, NVFP4Profile, Profile
 from mxcheck.recipes import OperandSpec
 from mxcheck.scaling.fp8 import FP8Tensor
@@ -32,8 +33,8 @@ from mxcheck.scaling.mx import MXTensor
 from mxcheck.scaling.nvfp4 import NVFP4Tensor
 from mxcheck.scaling.rules import E8M0_NAN
 
-__all__ = ["CONVENTIONS", "CONVENTION_OF", "FAILURES", "NOT_BLOCK_BEHAVIOURS", "QUANTIZE_BEHAVIOURS", "Convention", "combined",
-           "spec_profile"]
+__all__ = ["CONVENTIONS", "CONVENTION_OF", "FAILURES", "NOT_BLOCK_BEHAVIOURS", "QUANTIZE_BEHAVIOURS", "Convention",
+           "combined", "element_format", "spec_profile"]
 
 
 # ---- the spec's own quantizer as a profile ------------------------------------------------
@@ -121,9 +122,9 @@ def _convention_run(c: Convention) -> Callable[..., Any]:
         if base is None and c.kind is Profile and (tiled := _tiles_as_blocks(c, spec, x, oracle)) is not None:
             return tiled
         if base is None and _oracle_takes(c, spec):  # 2D blocks, padding: the oracle's own option
-            from mxcheck.gemm import quantize_operand  # noqa: PLC0415 (gemm imports the profiles)
-
-            return None if getattr(spec, c.field) == c.value else quantize_operand(x, replace(spec, **{c.field: c.value}))
+            if getattr(spec, c.field) == c.value:
+                return None
+            return quantize_operand(x, replace(spec, **{c.field: c.value}))
         if not isinstance(base, c.kind) or getattr(base, c.field) == c.value:
             return None
         try:
@@ -160,7 +161,8 @@ CONVENTIONS: tuple[Convention, ...] = (
                "block exponent stored unclamped to E8M0's range (the biased exponent kept modulo 256)", ()),
     Convention(Profile, "exponent_range", "unsigned",
                "a negative block exponent stored through an unsigned conversion that saturates to 0 (byte 127 "
-               "for every block below 2^0; the codes use 2^e)", (29,), "AITER Triton dynamic_mxfp4_quant on NVIDIA (fp4_utils.py)"),
+               "for every block below 2^0; the codes use 2^e)", (29,),
+               "AITER Triton dynamic_mxfp4_quant on NVIDIA (fp4_utils.py)"),
     Convention(Profile, "zero_scale", 0, "an all-zero block stores byte 0 (2^-127)", (), "OCP MX, torchao, TE"),
     Convention(Profile, "zero_scale", 127, "an all-zero block stores byte 127 (2^0)", (),
                "AITER MXFP6 (quant_mxfp6_gemm.cu)"),
@@ -255,19 +257,20 @@ def _with_codes(q: Any, codes: torch.Tensor) -> Any:
     return replace(q, codes=codes)
 
 
-def _element_format(q: Any):
+def element_format(q: Any) -> FloatFormat:
+    """The element format of a quantized tensor (NVFP4's is e2m1)."""
     return q.fmt if isinstance(q, (MXTensor, FP8Tensor)) else get_format("e2m1")
 
 
 def _nibble_swap(x: torch.Tensor, spec: OperandSpec, oracle: Any) -> Any:
     # Packed fp4 read with element 0 in the high nibble: adjacent codes trade places.
-    if _element_format(oracle).bits != 4 or oracle.codes.shape[-1] % 2:
+    if element_format(oracle).bits != 4 or oracle.codes.shape[-1] % 2:
         return None
     return _with_codes(oracle, oracle.codes.unflatten(-1, (-1, 2)).flip(-1).flatten(-2))
 
 
 def _flush_element_subnormals(x: torch.Tensor, spec: OperandSpec, oracle: Any) -> Any:
-    fmt = _element_format(oracle)
+    fmt = element_format(oracle)
     if not fmt.subnormals:
         return None
     c = oracle.codes.to(torch.int32)
@@ -284,8 +287,6 @@ def _daz(x: torch.Tensor, spec: OperandSpec, oracle: Any) -> Any:
     tiny = (x != 0) & (x.abs() < torch.finfo(x.dtype).tiny)
     if not bool(tiny.any()) or spec.scaling == "delayed" or spec.rounding == "sr":
         return None
-    from mxcheck.gemm import quantize_operand  # noqa: PLC0415 (gemm imports the profiles this imports)
-
     return quantize_operand(torch.where(tiny, x * 0, x), spec)
 
 
@@ -339,8 +340,6 @@ def _no_special_case_amax(x: torch.Tensor, spec: OperandSpec, oracle: Any) -> An
     scale = torch.tensor(fmt.max, dtype=torch.float32) / amax
     scale = torch.where(amax == 0, oracle.scale.reshape(scale.shape) if oracle.scale.numel() > 1
                         else oracle.scale, scale)
-    from mxcheck.formats import encode_bits  # noqa: PLC0415
-
     codes = encode_bits((x.to(torch.float32) * scale).clamp(-fmt.max, fmt.max), fmt, "rne", True)
     shape = oracle.scale.shape
     return replace(oracle, codes=codes, scale=scale.reshape(shape), scale_inv=torch.reciprocal(scale).reshape(shape),
@@ -350,7 +349,7 @@ def _no_special_case_amax(x: torch.Tensor, spec: OperandSpec, oracle: Any) -> An
 def _nan_code_sign(x: torch.Tensor, spec: OperandSpec, oracle: Any) -> Any:
     # The NaN code with the other sign bit (0x7F against 0xFF in e4m3): a cast that drops or
     # sets a NaN's sign.
-    fmt = _element_format(oracle)
+    fmt = element_format(oracle)
     if fmt.nan_code is None or fmt.nan == "fnuz":
         return None
     c = oracle.codes
@@ -362,7 +361,7 @@ def _nan_code_sign(x: torch.Tensor, spec: OperandSpec, oracle: Any) -> Any:
 
 def _inf_not_saturated(x: torch.Tensor, spec: OperandSpec, oracle: Any) -> Any:
     # An Inf input element gives Inf (e5m2) or NaN (e4m3) instead of the saturated max code.
-    fmt = _element_format(oracle)
+    fmt = element_format(oracle)
     inf = torch.isinf(x)
     if fmt.nan_code is None or spec.hadamard or oracle.codes.shape != x.shape or not bool(inf.any()):
         return None

@@ -11,13 +11,14 @@ where its bits equal the kernel's, in every field, and for no others.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
 from mxcheck.diagnose.behaviour import Attribution, Behaviour, render_attributions
-from mxcheck.formats import decode_table, get_format
+from mxcheck.diagnose.catalogue import combined, element_format
+from mxcheck.formats import decode_table
 from mxcheck.recipes import OperandSpec
 from mxcheck.scaling.fp8 import FP8Tensor
 from mxcheck.scaling.mx import MXTensor
@@ -188,8 +189,6 @@ def _cpu(q: Any) -> Any:
     if not hasattr(q, "__dataclass_fields__"):
         return q
     moved = {f: getattr(q, f).cpu() for f in q.__dataclass_fields__ if isinstance(getattr(q, f), torch.Tensor)}
-    from dataclasses import replace  # noqa: PLC0415
-
     return replace(q, **moved) if moved else q
 
 
@@ -225,8 +224,6 @@ def _anchor_rows(x: torch.Tensor) -> torch.Tensor:
 
 
 def _take_rows(q: Any, rows: torch.Tensor) -> Any:
-    from dataclasses import replace  # noqa: PLC0415
-
     n = q.codes.shape[0]
     moved = {f: getattr(q, f)[rows] for f in q.__dataclass_fields__
              if isinstance(getattr(q, f), torch.Tensor) and getattr(q, f).ndim and getattr(q, f).shape[0] == n}
@@ -319,8 +316,6 @@ PAIRED = 6  # named conventions tried two at a time where blocks are left unexpl
 def _pairs(d: QuantizeDiff, full: _Rows) -> None:
     """Blocks no single behaviour reproduces may show two conventions at once (one hides the
     other in a first-difference report): each pair of the conventions named so far."""
-    from mxcheck.diagnose.catalogue import combined  # noqa: PLC0415 (the catalogue imports nothing of this)
-
     named = [a.behaviour for a in d.attributions][:PAIRED]
     for i, first in enumerate(named):
         for second in named[i + 1:]:
@@ -373,7 +368,7 @@ def _scale_text(name: str, q: Any, index: int) -> str:
 
 
 def _code_text(q: Any, flat: int) -> str:
-    fmt = q.fmt if isinstance(q, (MXTensor, FP8Tensor)) else get_format("e2m1")
+    fmt = element_format(q)
     c = int(q.codes.reshape(-1)[flat])
     return f"0x{c:02x} ({_float(float(decode_table(fmt)[c]))})"
 

@@ -141,15 +141,16 @@ def rotate_rows(x: torch.Tensor, rot: Hadamard) -> torch.Tensor:
     return by_row_chunks(lambda t: apply_hadamard(t.to(torch.float32), rot, axis=-1).to(kept), x)
 
 
-def _encode_block_scales(s_f32: torch.Tensor) -> torch.Tensor:
+def _encode_block_scales(s_f32: torch.Tensor, rounding: str = "rne") -> torch.Tensor:
     """ue4m3 codes of the float32 block scales (RNE, satfinite). They are >= 0 or NaN, so the
     e4m3 codes (the fused pass on CUDA, the float path elsewhere, lighter than the unsigned
     integer path) are theirs but for the sign bit, which ue4m3 does not have: it is cleared
     (a NaN's code is then 0x7F; a zero block's amax can be -0.0, as ``torch.maximum(hi,
     -lo)`` keeps either zero, and its code 0). tests/test_nvfp4.py holds this to the ue4m3
-    encode on every value, midpoint and neighbour."""
-    codes = scaled_encode(s_f32, torch.ones(()), _E4M3, None, None)
-    return (encode_bits(s_f32, _E4M3, "rne", True) if codes is None else codes).bitwise_and_(0x7F)
+    encode on every value, midpoint and neighbour. ``rounding`` other than RNE (a profile's
+    ``block_scale_rounding``) takes the float path."""
+    codes = scaled_encode(s_f32, torch.ones(()), _E4M3, None, None) if rounding == "rne" else None
+    return (encode_bits(s_f32, _E4M3, rounding, True) if codes is None else codes).bitwise_and_(0x7F)
 
 
 def _check_args(x: torch.Tensor, block_2d: bool) -> None:
