@@ -95,6 +95,11 @@ def grace_s(timeout: float) -> float:
     return max(5.0, timeout / 4)
 
 
+def teardown_budget_s(timeout: float) -> float:
+    """The time a test's teardown has of its own, whatever setup and call left of the timeout."""
+    return grace_s(timeout)
+
+
 class RunGuard:
     """The timeouts of one process, and (in the controller) crashes and stop signals."""
 
@@ -209,6 +214,14 @@ class RunGuard:
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_teardown(self, item: pytest.Item) -> Generator[None, Any, Any]:
+        # Teardown has a budget of its own: a test that spent its time (or timed out) must still
+        # close what its fixtures opened, or the next test's setup finds it half torn down. The
+        # watchdog's window moves with it, so only a teardown that hangs is killed.
+        if self._deadline is not None:
+            budget = teardown_budget_s(self.timeout)
+            self._deadline = max(self._deadline, time.monotonic() + budget)
+            faulthandler.dump_traceback_later(budget + grace_s(self.timeout), exit=True,
+                                              file=self._stack_target())
         return (yield from self._alarm())
 
     def _alarm(self) -> Generator[None, Any, Any]:
