@@ -359,6 +359,20 @@ def _nan_code_sign(x: torch.Tensor, spec: OperandSpec, oracle: Any) -> Any:
     return _with_codes(oracle, torch.where(nan, c ^ (1 << (fmt.bits - 1)), c).to(torch.uint8))
 
 
+def _nan_scale_sign(x: torch.Tensor, spec: OperandSpec, oracle: Any) -> Any:
+    # An NVFP4 NaN block scale stored as 0xFF, not ue4m3's 0x7F: a float32 NaN with its sign
+    # set (x86's default NaN from 0 * Inf or Inf - Inf is negative) cast to a signed e4m3 byte.
+    if not isinstance(oracle, NVFP4Tensor):
+        return None
+    nan = oracle.block_scales == _UE4M3_NAN
+    if not bool(nan.any()):
+        return None
+    return replace(oracle, block_scales=torch.where(nan, _UE4M3_NAN | 0x80, oracle.block_scales).to(torch.uint8))
+
+
+_UE4M3_NAN = 0x7F  # ue4m3's one NaN byte (decode_table("ue4m3")[0x7f])
+
+
 def _inf_not_saturated(x: torch.Tensor, spec: OperandSpec, oracle: Any) -> Any:
     # An Inf input element gives Inf (e5m2) or NaN (e4m3) instead of the saturated max code.
     fmt = element_format(oracle)
@@ -389,6 +403,8 @@ FAILURES: tuple[Behaviour, ...] = (
     Behaviour("nibble_order", "fp4 element pairs swapped (element 0 in the high nibble)", "quantize", _nibble_swap,
               (19,), "torchao before 2025-10 (pytorch/ao#2939)"),
     Behaviour("nan_code_sign", "NaN codes with the other sign bit", "quantize", _nan_code_sign, (9, 11)),
+    Behaviour("nan_scale_sign", "an NVFP4 NaN block scale stored as 0xff (a signed e4m3 NaN, sign bit set), "
+              "not ue4m3's 0x7f", "quantize", _nan_scale_sign),
     Behaviour("inf_not_saturated", "an Inf input element gives an Inf or NaN code instead of the saturated "
               "maximum", "quantize", _inf_not_saturated, (12,), "torch and ml_dtypes casts without satfinite"),
     Behaviour("ftz_elements", "element subnormals flushed to zero", "quantize", _flush_element_subnormals),

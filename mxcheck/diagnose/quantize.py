@@ -18,7 +18,7 @@ import torch
 
 from mxcheck.diagnose.behaviour import Attribution, Behaviour, render_attributions
 from mxcheck.diagnose.catalogue import combined, element_format
-from mxcheck.formats import decode_table
+from mxcheck.formats import FloatFormat, decode_table, get_format
 from mxcheck.recipes import OperandSpec
 from mxcheck.scaling.fp8 import FP8Tensor
 from mxcheck.scaling.mx import MXTensor
@@ -357,20 +357,34 @@ def _float(v: float) -> str:
     return repr(v) if math.isfinite(v) else str(v)
 
 
+def _byte_text(byte: int, fmt: FloatFormat) -> str:
+    """A stored byte and its value in ``fmt``; a byte outside the format's codes (a kernel that
+    wrote a signed e4m3 NaN 0xff as a ue4m3 scale, or high bits beside a 4-bit code) is shown
+    as such, with what its bits mean as the nearest signed format, never an IndexError."""
+    table = decode_table(fmt)
+    if byte < len(table):
+        return f"0x{byte:02x} ({_float(float(table[byte]))})"
+    wider = _SIGNED_FORM.get(fmt.name)
+    as_signed = f"; as {wider} {_float(float(decode_table(wider)[byte]))}" if wider else ""
+    return f"0x{byte:02x} (not a {fmt.name} code: {fmt.name} has {len(table)}{as_signed})"
+
+
+# The signed format whose bits an out-of-range byte of an unsigned scale format most likely holds.
+_SIGNED_FORM = {"ue4m3": "e4m3"}
+
+
 def _scale_text(name: str, q: Any, index: int) -> str:
     t = getattr(q, name).reshape(-1)[index] if getattr(q, name).ndim else getattr(q, name)
     if name == "scales":
         b = int(t)
         return f"0x{b:02x} (NaN)" if b == E8M0_NAN else f"0x{b:02x} (2^{b - 127})"
     if name == "block_scales":
-        return f"0x{int(t):02x} ({_float(float(decode_table('ue4m3')[int(t)]))})"
+        return _byte_text(int(t), get_format("ue4m3"))
     return f"{_hex(t)} ({_float(float(t))})"
 
 
 def _code_text(q: Any, flat: int) -> str:
-    fmt = element_format(q)
-    c = int(q.codes.reshape(-1)[flat])
-    return f"0x{c:02x} ({_float(float(decode_table(fmt)[c]))})"
+    return _byte_text(int(q.codes.reshape(-1)[flat]), element_format(q))
 
 
 def _block_text(d: QuantizeDiff, block: int, kind: tuple[str, ...]) -> list[str]:
