@@ -26,6 +26,7 @@ from mxcheck.conformance._common import (
 from mxcheck.conformance.inputs import training_like_cropped
 from mxcheck.conformance.sr_linear import check_sr_linear, sr_statistics_reason
 from mxcheck.diagnose.shapes import shape_patterns
+from mxcheck.outcome import Outcome
 from mxcheck.recipes import Recipe
 from mxcheck.thresholds import linear_floor
 
@@ -128,12 +129,38 @@ def edge_shape_outcome(backend: Any, recipe: Recipe, name: str, gen: torch.Gener
     if name not in EDGE_SHAPES:
         raise ValueError(f"edge shape {name!r} is not known; expected one of {sorted(EDGE_SHAPES)}")
     m, n, k, _ = EDGE_SHAPES[name]
-    out = {}
-    if hasattr(backend, "gemm"):
-        out["gemm"] = _edge_gemm(backend, recipe, gen, m, n, k)
-    if linear_of(backend) is not None:
-        out["linear"] = _edge_linear(backend, recipe, gen, numerics, m, n, k, name)
+    out: dict[str, str] = {}
+    failures = []
+    for path in _edge_paths(backend):  # every path runs, and leaves its record, before a failure is raised
+        try:
+            out[path] = (_edge_gemm(backend, recipe, gen, m, n, k) if path == "gemm"
+                         else _edge_linear(backend, recipe, gen, numerics, m, n, k, name))
+        except NumericsError as e:
+            failures.append(e)
+            out[path] = f"failed: {str(e).splitlines()[0]}"
+            _record_shape(numerics, recipe, name, path, "failed", str(e))
+        else:
+            outcome, passed = _OUTCOME_OF_RESULT[out[path].split(":")[0]]
+            _record_shape(numerics, recipe, name, path, outcome, out[path], passed)
+    if failures:
+        raise NumericsError("\n".join(str(e) for e in failures)) from failures[0]
     return out
+
+
+# An edge shape's result -> (the record's outcome, whether it passed). A refusal or a shape the
+# oracle cannot take is not a check: the report counts it apart, with its reason.
+_OUTCOME_OF_RESULT = {"correct": ("passed", True), "refused": ("refused", True), "n/a": ("not_applicable", True)}
+
+
+def _record_shape(numerics: Any, recipe: Recipe, name: str, path: str, outcome: str, message: str,
+                  passed: bool = False) -> None:
+    """One record per shape and path: passed, refused (with the reason), not applicable or failed."""
+    if numerics is None:
+        return
+    m, n, k, _ = EDGE_SHAPES[name]
+    fields = {"passed": passed, "extra": {"outcome": outcome}}
+    numerics.context(recipe=recipe.name, layer=f"edge {name}: {path}", m=m, n=n, k=k).record(
+        "edge_shape", Outcome(None, passed, message, fields))
 
 
 def _edge_paths(backend: Any) -> tuple[str, ...]:

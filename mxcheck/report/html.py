@@ -35,6 +35,7 @@ from mxcheck.report.markdown import (
     worst,
     worst_text,
 )
+from mxcheck.report.outcomes import UNJUDGED_OUTCOMES, outcome_of
 from mxcheck.report.schema import DIRECTIONS, Report
 
 __all__ = ["BLOCK_STATS_KEY", "block_stats_figure", "render_html", "snr_figure"]
@@ -286,9 +287,10 @@ def _html_row(row: Row, with_baseline: bool) -> str:
     r = row.record
     check = escape(short_test_id(r.test_id))
     check = f"{escape(r.layer)}<br><small>{check}</small>" if r.layer else check
+    unjudged = outcome_of(r) in UNJUDGED_OUTCOMES
     if r.kind != "snr":
-        check += f" <small>({escape(r.kind)})</small>"
-    if not r.passed and r.message:
+        check += f" <small>({escape(r.kind)}{' ' + UNJUDGED_OUTCOMES[outcome_of(r)] if unjudged else ''})</small>"
+    if (not r.passed or unjudged) and r.message:
         check += f"<br><small>↳ {escape(r.message)}</small>"
     cells = [f"<td>{check}</td>", f"<td>{escape(r.direction or '–')}</td>",
              _num(shape_text(r)), _num(db_text(r.snr_db)), _num(db_text(r.threshold_db)),
@@ -296,7 +298,7 @@ def _html_row(row: Row, with_baseline: bool) -> str:
     if with_baseline:
         delta = "new" if row.status == "new" else db_text(row.delta_db, signed=True)
         cells.append(_num(delta, bad=row.status == "regressed"))
-    cells += [_num(bits_text(r), bad=r.bit_equal is False), _num("pass" if r.passed else "FAIL", bad=not r.passed)]
+    cells += [_num(bits_text(r), bad=r.bit_equal is False), _num("–" if unjudged else "pass" if r.passed else "FAIL", bad=not r.passed)]
     return f'<tr{"" if r.passed else " class=fail"}>{"".join(cells)}</tr>'
 
 

@@ -20,6 +20,7 @@ from typing import Any
 from mxcheck.report.compare import DEFAULT_MAX_DROP_DB, NOT_RUN, Comparison, compare, match_key
 from mxcheck.report.outcomes import (
     TEST_OUTCOMES,
+    UNJUDGED_OUTCOMES,
     counts_text,
     outcome_of,
     run_status_text,
@@ -204,18 +205,22 @@ def _md_row(row: Row, with_baseline: bool) -> str:
     if r.layer:
         check = f"{md_escape(r.layer)}<br><sub>{check}</sub>"
     outcome = outcome_of(r)
+    unjudged = outcome in UNJUDGED_OUTCOMES
     if r.kind != "snr" or outcome not in ("passed", "failed"):
-        tag = r.kind if outcome in ("passed", "failed") else f"{r.kind} {TEST_OUTCOMES[outcome]}"
+        tag = r.kind if outcome in ("passed", "failed") else f"{r.kind} {_OUTCOME_LABELS[outcome]}"
         check += f" <sub>({md_escape(tag)})</sub>"
-    if not r.passed and r.message:
+    if (not r.passed or unjudged) and r.message:
         check += f"<br><sub>↳ {md_escape(r.message)}</sub>"
     cells = [check, r.direction or "–", shape_text(r), db_text(r.snr_db),
              db_text(r.threshold_db), db_text(r.margin_db, signed=True)]
     if with_baseline:
         delta = "new" if row.status == "new" else db_text(row.delta_db, signed=True)
         cells.append(f"**{delta}** ⚠" if row.status == "regressed" else delta)
-    cells += [bits_text(r), "✅" if r.passed else "❌"]
+    cells += [bits_text(r), "–" if unjudged else "✅" if r.passed else "❌"]
     return "| " + " | ".join(cells) + " |"
+
+
+_OUTCOME_LABELS = {**TEST_OUTCOMES, **UNJUDGED_OUTCOMES}
 
 
 def _md_table(name: tuple[str, str], rows: list[Row], lines: list[str],

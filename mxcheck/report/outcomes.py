@@ -27,6 +27,7 @@ __all__ = [
     "SKIP_KINDS",
     "SKIP_KIND_KEY",
     "TEST_OUTCOMES",
+    "UNJUDGED_OUTCOMES",
     "count_outcomes",
     "counts_text",
     "outcome_of",
@@ -41,6 +42,9 @@ PARAMS_KEY = "mxcheck_params"  # [backend, recipe] of a parametrized test
 # outcome -> how the counts name it; "failed" counts failed checks and tests failed outside one.
 TEST_OUTCOMES = {"failed": "failed", "errored": "errored", "crashed": "crashed",
                  "timed_out": "timed out"}
+# Records of what was not judged (an edge shape the backend refused, or one the oracle cannot
+# take): neither a check nor a failure; counted apart, with the reason as the message.
+UNJUDGED_OUTCOMES = {"refused": "refused (declared)", "not_applicable": "not applicable"}
 SKIP_KIND_KEY = "mxcheck_skip_kind"  # why a test skipped, as one of SKIP_KINDS
 # A skip's kind -> how the counts name it. A skip without a kind (a marker's, a missing test
 # dependency's, a report written before kinds) is "other". Only "unsupported" and "refused"
@@ -57,7 +61,10 @@ _MESSAGE_CHARS = 500
 
 
 def outcome_of(record: Record) -> str:
-    """"passed", or the record's test outcome ("failed" for a failed comparison)."""
+    """"passed", an UNJUDGED_OUTCOMES key, or the record's test outcome ("failed" for a failed
+    comparison)."""
+    if record.extra.get("outcome") in UNJUDGED_OUTCOMES:
+        return str(record.extra["outcome"])
     if record.passed:
         return "passed"
     outcome = record.extra.get("outcome", "failed")
@@ -70,7 +77,7 @@ def count_outcomes(records: Iterable[Record]) -> dict[str, int]:
     Errored, crashed and timed-out tests are not checks (they never got to compare), so
     "checks" counts the records whose outcome is passed or failed.
     """
-    counts = dict.fromkeys(("checks", "passed", *TEST_OUTCOMES), 0)
+    counts = dict.fromkeys(("checks", "passed", *TEST_OUTCOMES, *UNJUDGED_OUTCOMES), 0)
     for r in records:
         outcome = outcome_of(r)
         counts[outcome] += 1
@@ -83,6 +90,7 @@ def counts_text(records: Iterable[Record], checks: str = "checks") -> str:
     c = count_outcomes(records)
     parts = [f"{c['checks']} {checks}", f"{c['failed']} failed"]
     parts += [f"{c[k]} {label}" for k, label in TEST_OUTCOMES.items() if k != "failed" and c[k]]
+    parts += [f"{c[k]} {label}" for k, label in UNJUDGED_OUTCOMES.items() if c[k]]
     return ", ".join(parts)
 
 

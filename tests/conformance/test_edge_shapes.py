@@ -10,10 +10,14 @@ from mxcheck.assertions import NumericsError
 from mxcheck.backends import Refusal
 from mxcheck.backends.emulated import EmulatedBackend
 from mxcheck.backends.known_bad import KNOWN_BAD
-from mxcheck.conformance import edge_shape_outcome
+from mxcheck.conformance import EDGE_SHAPES, edge_shape_outcome
 from mxcheck.flux import flux_linear_shapes, unique_gemms
 from mxcheck.functions import quant_linear
 from mxcheck.recipes import RECIPES, get_recipe
+from mxcheck.report import Report
+from mxcheck.report.markdown import render_markdown
+from mxcheck.report.outcomes import counts_text, outcome_of
+from mxcheck.report.recorder import Numerics
 
 pytestmark = pytest.mark.emulated
 
@@ -122,3 +126,41 @@ def test_a_linear_that_rounds_its_inputs_to_bf16_sees_the_same_inputs(recipe, na
     # float32 values (amax tiles scaled by a full-mantissa amax) that TE rounds to bf16.
     outcome = edge_shape_outcome(_Bf16Linear(), get_recipe(recipe), name, torch.Generator().manual_seed(0))
     assert outcome["linear"] == "correct", outcome
+
+
+def test_every_edge_shape_leaves_one_record_passed_refused_with_its_reason_or_failed(tmp_path):
+    records: list = []
+    numerics = Numerics(records.append, "test_edges", backend="gemm-refuses-short-k")
+    backend, gen = _GemmRefusesShortK(Refusal), torch.Generator().manual_seed(0)
+    for shape in EDGE_SHAPES:
+        edge_shape_outcome(backend, RECIPES["fp8"], shape, gen, numerics)
+    path = tmp_path / "report.json"
+    Report(records=records).save(path)
+    shape_records = [r for r in Report.load(path).records if r.kind == "edge_shape"]
+    assert sorted(r.layer for r in shape_records) == sorted(f"edge {s}: {p}" for s in EDGE_SHAPES
+                                                            for p in ("gemm", "linear"))
+    for r in shape_records:
+        shape, path_name = r.layer.removeprefix("edge ").split(": ")
+        if path_name == "gemm" and EDGE_SHAPES[shape][2] < 128:
+            assert (outcome_of(r), r.message) == ("refused", f"refused: K of a ({EDGE_SHAPES[shape][2]}) must be "
+                                                              "a multiple of 128"), r
+        elif path_name == "gemm":
+            assert (outcome_of(r), r.passed, r.message) == ("passed", True, "correct"), r
+        else:  # the linear's three GEMMs contract K, N and M: refused where any is under 128
+            refused = min(EDGE_SHAPES[shape][:3]) < 128
+            assert outcome_of(r) == ("refused" if refused else "passed"), r
+            assert r.message.startswith("refused: K of a (") if refused else r.message == "correct", r
+    n_refused = sum(outcome_of(r) == "refused" for r in shape_records)
+    assert n_refused > 0 and f"{n_refused} refused (declared)" in counts_text(records)
+    assert f"{n_refused} refused (declared)" in render_markdown(Report(records=records))
+
+
+def test_a_failing_edge_shape_leaves_a_failed_record_and_still_fails():
+    records: list = []
+    numerics = Numerics(records.append, "test_edges", backend="bad-k-mod-256")
+    with pytest.raises(NumericsError):
+        edge_shape_outcome(KNOWN_BAD["bad-k-mod-256"](), RECIPES["mxfp4"], "K384-Kmod256",
+                           torch.Generator().manual_seed(0), numerics)
+    [gemm] = [r for r in records if r.kind == "edge_shape" and r.layer == "edge K384-Kmod256: gemm"]
+    assert (outcome_of(gemm), gemm.passed) == ("failed", False)
+    assert gemm.message.startswith("gemm of recipe mxfp4 at M=32 N=64 K=384")
