@@ -30,7 +30,7 @@ from mxcheck.conformance._common import (
 )
 from mxcheck.conformance.inputs import FAMILIES, Family, training_like
 from mxcheck.conformance.sr_linear import check_sr_linear, sr_statistics_reason
-from mxcheck.conformance.verdict import LOST_MARGIN_DB, TensorVerdict, tensor_verdict
+from mxcheck.conformance.verdict import LOST_DB, LOST_MARGIN_DB, TensorVerdict, tensor_verdict
 from mxcheck.diagnose import quantize as diagnose_quantize
 from mxcheck.diagnose.behaviour import render_attributions
 from mxcheck.diagnose.catalogue import QUANTIZE_BEHAVIOURS
@@ -96,16 +96,23 @@ def _field_outcome(field: str, got: Any, want: torch.Tensor, context: dict[str, 
     return check_bitwise(got, want, None, context)
 
 
-def _lost_lines(verdicts: list[tuple[TensorVerdict, str]]) -> list[str]:
-    """The worst losing input's line (the largest SNR deficit; the first of equals), then how
-    many inputs lose signal and which."""
+def _headline_order(v: TensorVerdict) -> tuple:
+    """Which losing input heads the failure: a tensor lost outright first, then one whose
+    oracle SNR is finite (an ordinary tensor, not one the oracle keeps exactly), then a
+    float32 tensor, then the amax nearest 1 (a typical magnitude over a range end)."""
+    amax = abs(math.log10(v.amax)) if v.amax > 0 else math.inf
+    return (v.kernel_db > LOST_DB, not math.isfinite(v.oracle_db), v.dtype != torch.float32, amax)
+
+
+def _lost_lines(verdicts: list[tuple[TensorVerdict, str]], ran: int) -> list[str]:
+    """The losing input that heads the failure (``_headline_order``), then how many inputs
+    lose signal and which."""
     lost = [(v, label) for v, label in verdicts if not v.passed]
     if not lost:
         return []
-    worst, _ = max(lost, key=lambda p: (p[0].oracle_db - p[0].kernel_db
-                                        if not math.isnan(p[0].kernel_db) else math.inf))
+    worst = min((v for v, _ in lost), key=_headline_order)
     where = "; ".join(f"{v.operand} ({label})" for v, label in lost[:6]) + ("; ..." if len(lost) > 6 else "")
-    return [worst.line(), f"{len(lost)} of {len(verdicts)} quantize inputs lose signal (the kernel's SNR more than "
+    return [worst.line(), f"{len(lost)} of {ran} quantize inputs lose signal (the kernel's SNR more than "
             f"{LOST_MARGIN_DB:g} dB under the oracle's against float64 truth): {where}"]
 
 
@@ -179,7 +186,7 @@ def check_quantize(backend: Any, recipe: Recipe, gen: torch.Generator, numerics:
                 label = _input_label(what, dtype, None if family.tiles is not None else amax)
                 _quantize_one(backend, recipe, name, t.to(device), label, numerics, differing, verdicts)
                 ran += 1
-    lost = _lost_lines(verdicts)
+    lost = _lost_lines(verdicts, ran)
     if differing or lost:
         head = f"quantize of recipe {recipe.name}, backend {getattr(backend, 'name', backend)}"
         raise NumericsError("\n".join([*lost, diagnose_quantize.report(differing, ran, head) if differing

@@ -32,6 +32,20 @@ EXPECTED = {
     "bad-half-away": ("mxfp4", "quantize", "mx.rounding=half_away"),
     "bad-trunc": ("mxfp4", "quantize", "mx.rounding=trunc"),
     "bad-log2-scale": ("mxfp4", "quantize", "mx.exponent_source=log2_fp32"),
+    # scales held in too narrow a type (issue 35): caught by the magnitude families
+    "bad-nvfp4-scale-threshold": ("nvfp4", "quantize", "nvfp4_decoded_scale_threshold"),
+    "bad-nvfp4-encode-input-dtype": ("nvfp4", "quantize", "nvfp4_encode_scale_input_dtype"),
+    "bad-nvfp4-encode-bf16": ("nvfp4", "quantize", "nvfp4_encode_scale_bf16"),
+    "bad-nvfp4-block-scale-bf16": ("nvfp4", "quantize", "nvfp4_block_scale_bf16"),
+    "bad-mx-scale-float16": ("mxfp8", "quantize", "mx_scale_float16"),
+    "bad-fp8-double-round": ("fp8", "quantize", "fp8_product_bf16"),
+}
+# The seeded bugs that lose whole tensors, and an input each loses (the family, the dtype):
+# their failure opens with the lost-tensor line (conformance.verdict).
+LOSES_TENSORS = {
+    "bad-nvfp4-scale-threshold": r"at amax 5\.0e-05 \(float32\)",
+    "bad-nvfp4-encode-input-dtype": r"at amax 3\.1e-02 \(float16\)",
+    "bad-mx-scale-float16": r"at amax 1\.0e-08 \(float32\)",
 }
 
 
@@ -110,3 +124,41 @@ def test_truncation_fails_quantize_on_mxfp6_too():
 def test_a_float32_log2_block_exponent_fails_quantize_on_the_amax_input(recipe):
     with pytest.raises(NumericsError, match=r"x_row\.scales \(amax input\)"):
         CHECKS["quantize"](KNOWN_BAD["bad-log2-scale"](), RECIPES[recipe], torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize("name", sorted(LOSES_TENSORS))
+def test_a_bug_that_loses_a_tensor_says_so_first(name):
+    """The failure's first line is the lost-tensor verdict (kernel SNR near 0 dB against the
+    oracle's), and the input named in LOSES_TENSORS is among those that lose the tensor."""
+    recipe, check, _ = EXPECTED[name]
+    lines = _failure(KNOWN_BAD[name](), recipe, check).splitlines()
+    assert re.match(r"x_row loses the tensor at amax \S+ \(\w+\): SNR -?[\d.]+ dB, oracle [\d.]+ dB, "
+                    r"[\d,]+ of [\d,]+ values 0", lines[0]), lines[0]
+    assert re.match(r"\d+ of \d+ quantize inputs lose signal", lines[1]), lines[1]
+    losing = [v for v in _verdicts(KNOWN_BAD[name](), RECIPES[recipe]) if not v.passed and v.kernel_db <= 1.0]
+    assert any(re.search(LOSES_TENSORS[name], v.line()) for v in losing), [v.line() for v in losing]
+
+
+def _verdicts(backend, recipe):
+    """The tensor verdict of every magnitude input of x_row where the backend's bits differ."""
+    from mxcheck.conformance.inputs import FAMILIES
+    from mxcheck.conformance.verdict import tensor_verdict
+    from mxcheck.gemm import quantize_operand
+
+    out = []
+    for _, _, t in FAMILIES["magnitude"].tensors(torch.Generator().manual_seed(0), recipe.x_row, 32, 128):
+        v = tensor_verdict(t, recipe.x_row, quantize_operand(t, recipe.x_row), backend.quantize(t, recipe.x_row),
+                           operand="x_row")
+        out += [v] if v is not None else []
+    return out
+
+
+@pytest.mark.parametrize("name", ["bad-nvfp4-encode-bf16", "bad-nvfp4-block-scale-bf16", "bad-fp8-double-round"])
+def test_a_quiet_scale_precision_bug_fails_quantize_on_a_tensor_amax_that_is_not_a_power_of_two(name):
+    """The quiet bugs pass every tiled input in bf16 (tensor amax 336 or 0.875: every
+    per-tensor scale a power of two) and fail on the magnitude sweep's amax 4.6 in bf16."""
+    recipe, _, _ = EXPECTED[name]
+    message = _failure(KNOWN_BAD[name](), recipe, "quantize")
+    assert re.search(r"(x|w)_row\.(codes|block_scales) \(magnitude input at amax 4\.6e\+00, bfloat16 tensor\)",
+                     message), message[:3000]
+    assert not re.search(r"\((bf16|amax-bf16|inf-nan) input, bfloat16 tensor\)", message), message[:3000]
