@@ -28,7 +28,13 @@ from mxcheck.conformance._common import (
     sr_directions,
     warmed_states,
 )
-from mxcheck.conformance.inputs import FAMILIES, Family, training_like
+from mxcheck.conformance.inputs import (
+    FAMILIES,
+    GRADIENT_AMAX,
+    Family,
+    magnitude_tensor,
+    training_like,
+)
 from mxcheck.conformance.sr_linear import check_sr_linear, sr_statistics_reason
 from mxcheck.conformance.verdict import LOST_DB, LOST_MARGIN_DB, TensorVerdict, tensor_verdict
 from mxcheck.diagnose import quantize as diagnose_quantize
@@ -43,6 +49,7 @@ from mxcheck.scaling.mx import MXTensor
 from mxcheck.scaling.rules import E8M0_NAN
 
 _M, _N, _K = 256, 256, 512
+_SMALL_GEMM = (32, 128)  # the gradient-magnitude GEMM's M, and its N = K (128x128 blocks tile it)
 _W_SCALE = 2.0**-5  # about 1/sqrt(K), a power of two so midpoints stay midpoints
 
 
@@ -204,6 +211,14 @@ def check_gemm(backend: Any, recipe: Recipe, gen: torch.Generator, numerics: Any
     a, b = _fwd_operands(recipe, x, w)
     got = backend.gemm(a, b, out_dtype=gemm_out_dtype(backend))
     _assert_in_bound(got, a, b, f"gemm of recipe {recipe.name} at M={_M} N={_N} K={_K}")
+    # x at a gradient magnitude: the per-tensor factors a GEMM multiplies in (NVFP4's
+    # ts_a * ts_b, FP8's scale_inv product) leave float16's and bf16's normal range there.
+    m, n = _SMALL_GEMM
+    x = magnitude_tensor(gen, m, n, torch.bfloat16, GRADIENT_AMAX).float().to(_device(backend))
+    w = magnitude_tensor(gen, n, n, torch.bfloat16, 1.0).float().to(_device(backend))
+    a, b = _fwd_operands(recipe, x, w)
+    got = backend.gemm(a, b, out_dtype=gemm_out_dtype(backend))
+    _assert_in_bound(got, a, b, f"gemm of recipe {recipe.name} at M={m} N=K={n}, x at amax {GRADIENT_AMAX:.1e}")
     return None
 
 

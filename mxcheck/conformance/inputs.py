@@ -38,8 +38,20 @@ import torch
 from mxcheck.formats import decode_table, get_format
 from mxcheck.recipes import OperandSpec
 
-__all__ = ["FAMILIES", "FAMILY_DTYPES", "TILE", "Family", "amax_boundaries", "families_table", "grid_midpoints",
-           "sweep_amaxes", "training_like", "training_like_cropped"]
+__all__ = [
+    "FAMILIES",
+    "FAMILY_DTYPES",
+    "GRADIENT_AMAX",
+    "TILE",
+    "Family",
+    "amax_boundaries",
+    "families_table",
+    "grid_midpoints",
+    "magnitude_tensor",
+    "sweep_amaxes",
+    "training_like",
+    "training_like_cropped",
+]
 
 TILE = 32
 _E4M3_MAX = 448.0  # NVFP4's block scale format (ue4m3) max: tensor amax = 6 * 448 * 2**j
@@ -281,8 +293,15 @@ def _native(t: torch.Tensor, dtype: torch.dtype, amax: float) -> torch.Tensor:
     return out
 
 
-def _scaled(gen: torch.Generator, rows: int, cols: int, dtype: torch.dtype, amax: float) -> torch.Tensor:
+def magnitude_tensor(gen: torch.Generator, rows: int, cols: int, dtype: torch.dtype, amax: float) -> torch.Tensor:
+    """A Gaussian draw (a few 8x outliers) natively in ``dtype`` with tensor amax ``amax``
+    (rounded to dtype): the magnitude family's tensor, at any shape."""
+    amax = float(torch.tensor(amax, dtype=torch.float64).to(dtype))
     return _native(_draw(gen, rows, cols) * amax, dtype, amax)
+
+
+_scaled = magnitude_tensor
+GRADIENT_AMAX = 5e-5  # a typical gradient tensor's amax (the other checks' small-magnitude input)
 
 
 def _outliers(gen: torch.Generator, rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
