@@ -261,16 +261,15 @@ def _per_tensor_constants(spec: OperandSpec) -> tuple[float, ...]:
 
 def sweep_amaxes(spec: OperandSpec, dtype: torch.dtype) -> tuple[float, ...]:
     """Tensor amaxes of the magnitude sweep for ``spec`` in ``dtype``, ascending and each a
-    value of ``dtype``: the smallest subnormal; a subnormal amax (3/4 of the smallest
-    normal); gradient magnitudes 1e-8 (float16: 1e-7, its subnormals) and 5e-5; 1 (a power
+    value of ``dtype``: the smallest subnormal (a subnormal amax of 3/4 the smallest normal
+    is the ``subnormals`` family's); gradient magnitudes 1e-8 (float16: 1e-7, its subnormals) and 5e-5; 1 (a power
     of two); 4.6 (a randn amax, as most are); 0.9 of the dtype's max; and for each
     per-tensor formula C / amax and amax / C of ``spec`` (``_per_tensor_constants``), 3/4 of
     the amax where it leaves the dtype's normal range (C / amax overflows below C / max,
     amax / C is subnormal below C * tiny)."""
     fi = torch.finfo(dtype)
     smallest = fi.tiny * fi.eps  # the smallest subnormal (2**-149, 2**-133, 2**-24)
-    points = [smallest, fi.tiny * _SUBNORMAL_FACTOR, 1e-7 if dtype == torch.float16 else 1e-8, 5e-5, 1.0, 4.6,
-              fi.max * 0.9]
+    points = [smallest, 1e-7 if dtype == torch.float16 else 1e-8, 5e-5, 1.0, 4.6, fi.max * 0.9]
     for c in _per_tensor_constants(spec):
         points += [c / fi.max * _SUBNORMAL_FACTOR, c * fi.tiny * _SUBNORMAL_FACTOR]
     held = torch.tensor(sorted(set(points)), dtype=torch.float64).to(dtype)

@@ -103,8 +103,10 @@ def test_the_lost_tensor_line_heads_the_failure_and_the_reports(gen, monkeypatch
     monkeypatch.setattr(basic, "QUANTIZE_INPUTS", {"magnitude": FAMILIES["magnitude"]})
     records = []
     numerics = Numerics(records.append, "test_x", backend="bad-nvfp4-scale-threshold")
+    backend = KNOWN_BAD["bad-nvfp4-scale-threshold"]()
+    backend.input_dtypes = (torch.float32,)
     with pytest.raises(NumericsError) as info:
-        basic.check_quantize(KNOWN_BAD["bad-nvfp4-scale-threshold"](), RECIPES["nvfp4"], gen, numerics)
+        basic.check_quantize(backend, RECIPES["nvfp4"], gen, numerics)
     first = str(info.value).splitlines()[0]
     assert first.startswith("x_row loses the tensor at amax 5.0e-05 (float32): SNR 0.0 dB"), first
     lost = [r for r in records if r.kind == "snr" and not r.passed]
