@@ -230,7 +230,7 @@ class NVFP4ScaleThreshold(EmulatedBackend):
         s = decode_table("ue4m3")[q.block_scales.to(torch.int64)] * q.tensor_scale
         small = (s < self.threshold).repeat_interleave(16, dim=-1)
         e2m1 = get_format("e2m1")
-        unscaled = encode_bits(torch.clamp(x.to(torch.float32) / 1.0, -e2m1.max, e2m1.max), e2m1, "rne", True)
+        unscaled = encode_bits(torch.clamp(x.to(torch.float32), -e2m1.max, e2m1.max), e2m1, "rne", True)  # x / 1.0
         return replace(q, codes=torch.where(small, unscaled, q.codes))
 
 

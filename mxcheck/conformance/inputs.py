@@ -24,6 +24,11 @@ hold) and built from 32x32 tiles, each of one kind:
 
 Rotated operands (Hadamard) mix the tile before rounding, so their midpoints are not
 exact; the unrotated copies of the same tensors carry them.
+
+The tiled tensors have one tensor amax each, so ``FAMILIES`` (below) adds small tensors
+drawn natively in float32, bf16 and float16 whose tensor amax walks each dtype's range,
+with mixed magnitudes and specials alone; ``families_table()`` lists every family for the
+docs ("Input families").
 """
 
 from __future__ import annotations
