@@ -44,12 +44,12 @@ def test_the_oracle_keeps_its_own_tensor(gen):
     assert v.passed and v.kernel_db == v.oracle_db and v.line().startswith("w_row keeps the tensor at amax 4.6e+00")
 
 
-def test_a_kernel_a_little_under_the_oracle_is_not_losing_the_tensor(gen):
-    """One code per block moved by one step costs far less than the margin."""
-    x = magnitude_tensor(gen, 32, 128, torch.float32, 1.0)
+def test_a_kernel_a_little_under_the_oracle_is_not_losing_the_tensor():
+    """One code per row moved by one step costs far less than the margin."""
+    x = magnitude_tensor(torch.Generator().manual_seed(0), 32, 128, torch.float32, 1.0)
     ours = quantize_operand(x, NVFP4)
     codes = ours.codes.clone()
-    codes[:, ::16] ^= 1  # the last mantissa bit of one element per block
+    codes[:, 0] ^= 1  # the last mantissa bit of one element per row
     v = tensor_verdict(x, NVFP4, ours, replace(ours, codes=codes), operand="x_row")
     assert v.kernel_db < v.oracle_db and v.passed, v.line()
 
