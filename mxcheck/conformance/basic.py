@@ -198,7 +198,7 @@ def check_quantize(backend: Any, recipe: Recipe, gen: torch.Generator, numerics:
     for what, family in QUANTIZE_INPUTS.items():
         for name in _operands(recipe, family):
             for dtype, amax, t in _family_tensors(family, gen, recipe, name, accepted):
-                label = _input_label(what, dtype, None if family.tiles is not None else amax)
+                label = _input_label(what, dtype, None if family.tiles is not None and family.scale == 1.0 else amax)
                 _quantize_one(backend, recipe, name, t.to(device), label, numerics, differing, verdicts)
                 ran += 1
     lost = _lost_lines(verdicts, ran)

@@ -358,13 +358,15 @@ class Family:
     dtypes: tuple[torch.dtype, ...] = FAMILY_DTYPES
     sweep: bool = False
     tiles: dict[str, Any] | None = None
+    scale: float = 1.0  # a tiled family drawn small and times this power of two (midpoints stay midpoints)
 
     def tensors(self, gen: torch.Generator, spec: OperandSpec, rows: int,
                 cols: int) -> list[tuple[torch.dtype, float, torch.Tensor]]:
         """(dtype, finite tensor amax, tensor) for each tensor of the family for ``spec``;
         rows x cols is the shape of a tiled family's tensors (the others are small)."""
         if self.tiles is not None:
-            values = training_like(gen, rows, cols, spec, **self.tiles)
+            shape = (rows, cols) if self.scale == 1.0 else _small_shape(spec)
+            values = training_like(gen, *shape, spec, **self.tiles) * self.scale
             made = [values.to(dtype) for dtype in self.dtypes]
         else:
             shape = _small_shape(spec)
@@ -392,6 +394,12 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            tiles={"powers": WIDE_POWERS}),
     Family("inf-nan", "one +Inf, one -Inf and one NaN tile among the bf16 family's", "Inf (and NaN)",
            dtypes=(torch.float32, torch.bfloat16), tiles={"powers": None, "specials": True}),
+    # The bf16 family's tiles (midpoints, Gaussians, zero blocks) in a small tensor at a
+    # gradient magnitude: 2^-24 is a power of two, so every scale stays one and a midpoint
+    # stays a midpoint (float32 and bf16 hold the values; float16 would flush them).
+    Family("midpoints-small", "the bf16 family's rounding midpoints and Gaussians at a gradient magnitude",
+           "2^-24 times the bf16 family's", dtypes=(torch.float32, torch.bfloat16), tiles={"powers": None},
+           scale=2.0**-24),
     # Small tensors drawn natively in each dtype, at every magnitude.
     Family("magnitude", "the same draw at every tensor magnitude the dtype holds: gradient magnitudes, range "
            "ends, and where each per-tensor scale formula (2688 / amax, amax / 2688, fmt.max / amax) leaves the "

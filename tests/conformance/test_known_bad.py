@@ -11,6 +11,7 @@ from mxcheck.assertions import NumericsError
 from mxcheck.backends.emulated import EmulatedBackend
 from mxcheck.backends.known_bad import KNOWN_BAD
 from mxcheck.conformance import CHECKS, run_checks
+from mxcheck.conformance import basic as conformance_basic
 from mxcheck.conformance.inputs import FAMILIES
 from mxcheck.conformance.verdict import tensor_verdict
 from mxcheck.diagnose import CATALOGUE
@@ -172,3 +173,15 @@ def test_a_quiet_scale_precision_bug_fails_quantize_on_a_tensor_amax_that_is_not
     assert re.search(r"(x|w)_row\.(codes|block_scales) \(magnitude input at amax 4\.6e\+00, bfloat16 tensor\)",
                      message), message[:3000]
     assert not re.search(r"\((bf16|amax-bf16|inf-nan) input, bfloat16 tensor\)", message), message[:3000]
+
+
+@pytest.mark.parametrize("recipe", ["nvfp4", "fp8", "mxfp8"])
+def test_ties_away_fail_on_midpoints_at_a_gradient_magnitude(recipe, monkeypatch):
+    """The midpoints stay midpoints at 2^-24 (every scale a power of two): ties rounded away
+    differ there, in bf16 tensors too."""
+    monkeypatch.setattr(conformance_basic, "QUANTIZE_INPUTS", {"midpoints-small": FAMILIES["midpoints-small"]})
+    backend = KNOWN_BAD["bad-half-away"]()
+    backend.input_dtypes = (torch.bfloat16,)
+    with pytest.raises(NumericsError, match=r"x_row\.(codes|block_scales) \(midpoints-small input at amax \S+, "
+                                            r"bfloat16 tensor\)"):
+        CHECKS["quantize"](backend, RECIPES[recipe], torch.Generator().manual_seed(0))
