@@ -52,7 +52,7 @@ LOSES_TENSORS = {
     "bad-nvfp4-encode-input-dtype": r"at amax 3\.1e-02 \(float16\)",
     "bad-mx-scale-float16": r"at amax 1\.0e-08 \(float32\)",
 }
-LOST_LINE = r"x_row loses the tensor at amax \S+ \(\w+\): SNR -?[\d.]+ dB, oracle [\d.]+ dB, [\d,]+ of [\d,]+ values 0"
+LOST_LINE = r"[xw]_row loses the tensor at amax \S+ \(\w+\): SNR -?[\d.]+ dB, oracle [\d.]+ dB, [\d,]+ of [\d,]+ values 0"
 
 
 def test_every_known_bad_backend_has_an_expectation():
