@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from mxcheck import false_failure as ff
+from mxcheck.conformance.inputs import families_table
 from mxcheck.diagnose import CATALOGUE, NOT_BLOCK_BEHAVIOURS
 from mxcheck.divergence import DIVERGENCE_TABLE
 from mxcheck.profiles import ALL_PROFILES
@@ -106,7 +107,8 @@ def catalogue() -> str:
 
 
 TABLES = {"catalogue": catalogue, "recipes": recipes, "ocp-recipes": ocp_recipes, "derived-recipes": derived_recipes,
-          "profiles": profiles, "divergence": divergence, "layers": layers, "false-failure": false_failure}
+          "profiles": profiles, "divergence": divergence, "layers": layers, "false-failure": false_failure,
+          "families": families_table}
 
 
 def on_page_markdown(markdown: str, page, config, files) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from mxcheck.backends.emulated import EmulatedBackend
-from mxcheck.formats import FloatFormat
+from mxcheck.formats import FloatFormat, decode_table, encode_bits, get_format
 from mxcheck.scaling import fp8 as _fp8
 from mxcheck.scaling import mx as _mx
 from mxcheck.scaling import nvfp4 as _nvfp4
@@ -197,6 +197,117 @@ class GarbageUnlessKMod256(EmulatedBackend):
         return quant_linear(x, weight, bias, recipe, gemm=self.gemm)
 
 
+# ---- scales held in too narrow a type: bugs that lose whole tensors (issue 35) -------------
+# Each is invisible on the tiled inputs (tensor amax 336 / 0.875: every per-tensor scale a
+# power of two, no gradient magnitudes) and caught by the magnitude families.
+
+
+class _QuantizeBug(EmulatedBackend):
+    """Runs quantize inside ``bug(x)`` (patches that may depend on the input's dtype)."""
+
+    def bug(self, x: torch.Tensor) -> contextlib.AbstractContextManager[None]:
+        raise NotImplementedError
+
+    def quantize(self, x, spec, **kw):
+        with self.bug(x):
+            return super().quantize(x, spec, **kw)
+
+
+class NVFP4ScaleThreshold(EmulatedBackend):
+    """Treats an NVFP4 block scale under an absolute threshold as missing: the decoded
+    scale S = fp32(s) * tensor_scale becomes ``S if S >= 1e-5 else 1.0`` before the
+    elements are divided by it, so a gradient-magnitude tensor quantizes to all zeros."""
+
+    name = "bad-nvfp4-scale-threshold"
+    threshold = 1e-5
+
+    def quantize(self, x, spec, **kw):
+        q = super().quantize(x, spec, **kw)
+        if spec.scaling != "nvfp4":
+            return q
+        # S = fp32(s) * tensor_scale; where S < threshold the kernel divides by 1 instead
+        # (elsewhere it keeps the oracle's elements: only the threshold is the bug).
+        s = decode_table("ue4m3")[q.block_scales.to(torch.int64)] * q.tensor_scale
+        small = (s < self.threshold).repeat_interleave(16, dim=-1)
+        e2m1 = get_format("e2m1")
+        unscaled = encode_bits(torch.clamp(x.to(torch.float32), -e2m1.max, e2m1.max), e2m1, "rne", True)  # x / 1.0
+        return replace(q, codes=torch.where(small, unscaled, q.codes))
+
+
+def _nvfp4_encode_scale_in(dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
+    """TE's S_enc = 2688 / amax evaluated in ``dtype``; a non-finite (or zero) result falls
+    back to 1, as a kernel's ``if not isfinite(s): s = 1`` does."""
+    def s_enc(amax: torch.Tensor) -> torch.Tensor:
+        s = torch.tensor(448.0 * 6.0, dtype=dtype) / amax.to(dtype)
+        return torch.where(torch.isfinite(s) & (s != 0), s, torch.ones_like(s)).to(torch.float32)
+    return s_enc
+
+
+class NVFP4EncodeScaleInInputDtype(_QuantizeBug):
+    """Computes NVFP4's per-tensor encode factor 2688 / amax in the input's dtype: in float16
+    it overflows for amax < 0.041 and falls back to 1, so every block scale underflows."""
+
+    name = "bad-nvfp4-encode-input-dtype"
+
+    def bug(self, x):
+        return _patched([(_nvfp4, "_global_encode_scale", _nvfp4_encode_scale_in(x.dtype))])
+
+
+class NVFP4EncodeScaleBf16(_QuantizeBug):
+    """Holds NVFP4's per-tensor encode factor in bf16 (exact only when amax is 2688 / 2^k)."""
+
+    name = "bad-nvfp4-encode-bf16"
+
+    def bug(self, x):
+        exact = _nvfp4._global_encode_scale
+        return _patched([(_nvfp4, "_global_encode_scale",
+                          lambda amax: exact(amax).to(torch.bfloat16).to(torch.float32))])
+
+
+class NVFP4BlockScaleBf16(_QuantizeBug):
+    """Computes NVFP4 block scales in bf16: the float32 block scale is rounded to bf16, then
+    to ue4m3 (a double rounding that moves a few blocks' scale by one code)."""
+
+    name = "bad-nvfp4-block-scale-bf16"
+
+    def bug(self, x):
+        exact = _nvfp4._encode_block_scales
+        return _patched([(_nvfp4, "_encode_block_scales",
+                          lambda s, rounding="rne": exact(s.to(torch.bfloat16).to(torch.float32), rounding))])
+
+
+class MXScaleFloat16(_QuantizeBug):
+    """Casts the MX block scale 2^e to float16: below 2^-24 it underflows to 0 and is
+    replaced by 1, so such a block stores byte 127 and its elements go unscaled (codes 0)."""
+
+    name = "bad-mx-scale-float16"
+
+    def bug(self, x):
+        exact = _mx.scale_bytes
+
+        def scale_bytes(*args: Any, **kw: Any) -> torch.Tensor:
+            b = exact(*args, **kw)
+            as_fp16 = torch.exp2(b.to(torch.float64) - 127).to(torch.float16)
+            return torch.where((as_fp16 == 0) & (b != 255), torch.tensor(127, dtype=b.dtype), b)
+        return _patched([(_mx, "scale_bytes", scale_bytes)])
+
+
+class FP8DoubleRoundBf16(_QuantizeBug):
+    """An FP8 per-tensor quantizer that rounds twice: x * scale to bf16, then to FP8."""
+
+    name = "bad-fp8-double-round"
+
+    def bug(self, x):
+        exact = _fp8.encode_bits
+
+        def encode(v: torch.Tensor, fmt: FloatFormat, *args: Any, **kw: Any) -> torch.Tensor:
+            return exact(v.to(torch.bfloat16).to(v.dtype), fmt, *args, **kw)
+        return _patched([(_fp8, "encode_bits", encode)])
+
+
 KNOWN_BAD: dict[str, type[Any]] = {c.name: c for c in (NibbleSwap, WrongScaleRule, StaleWeight, Bf16Fallback,
                                                         NanToZero, DropsBias, GarbageUnlessKMod256,
-                                                        HalfAwayForRne, TruncForRne, Float32Log2Scale)}
+                                                        HalfAwayForRne, TruncForRne, Float32Log2Scale,
+                                                        NVFP4ScaleThreshold, NVFP4EncodeScaleInInputDtype,
+                                                        NVFP4EncodeScaleBf16, NVFP4BlockScaleBf16, MXScaleFloat16,
+                                                        FP8DoubleRoundBf16)}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Any
 
@@ -27,8 +28,15 @@ from mxcheck.conformance._common import (
     sr_directions,
     warmed_states,
 )
-from mxcheck.conformance.inputs import WIDE_POWERS, training_like
+from mxcheck.conformance.inputs import (
+    FAMILIES,
+    GRADIENT_AMAX,
+    Family,
+    magnitude_tensor,
+    training_like,
+)
 from mxcheck.conformance.sr_linear import check_sr_linear, sr_statistics_reason
+from mxcheck.conformance.verdict import LOST_DB, LOST_MARGIN_DB, TensorVerdict, tensor_verdict
 from mxcheck.diagnose import quantize as diagnose_quantize
 from mxcheck.diagnose.behaviour import render_attributions
 from mxcheck.diagnose.catalogue import QUANTIZE_BEHAVIOURS
@@ -41,6 +49,7 @@ from mxcheck.scaling.mx import MXTensor
 from mxcheck.scaling.rules import E8M0_NAN
 
 _M, _N, _K = 256, 256, 512
+_SMALL_GEMM = (32, 128)  # the gradient-magnitude GEMM's M, and its N = K (128x128 blocks tile it)
 _W_SCALE = 2.0**-5  # about 1/sqrt(K), a power of two so midpoints stay midpoints
 
 
@@ -55,24 +64,13 @@ def _inputs(gen: torch.Generator, device: str, recipe: Recipe) -> tuple[torch.Te
     return tuple(t.to(device) for t in (x, w, b, dy))
 
 
-# What check_quantize feeds each operand: bf16 values only (the rounding midpoints with no
-# float32 help), adversarial block amaxes over the whole exponent range at bf16 and at
-# float32 ulps, Inf/NaN.
-QUANTIZE_INPUTS = {
-    "bf16": {"powers": None},
-    "amax": {"powers": WIDE_POWERS, "value_dtype": torch.float32},
-    "amax-bf16": {"powers": WIDE_POWERS},
-    "inf-nan": {"powers": None, "specials": True},
-}
-# The tensor dtypes each input family is fed in: every dtype that holds its values exactly
-# (fp16 holds the bf16 family's midpoints and Gaussians, not the wide exponent range). A
-# backend's ``input_dtypes`` narrows this; the oracle quantizes the same tensor.
-QUANTIZE_DTYPES = {
-    "bf16": (torch.float32, torch.bfloat16, torch.float16),
-    "amax": (torch.float32,),
-    "amax-bf16": (torch.float32, torch.bfloat16),
-    "inf-nan": (torch.float32, torch.bfloat16),
-}
+# What check_quantize feeds each operand (``conformance.inputs.FAMILIES``): the tiled
+# families at the check's shape (bf16 values only, adversarial block amaxes over the whole
+# exponent range at bf16 and at float32 ulps, Inf/NaN), then small tensors drawn natively in
+# each dtype across every magnitude (a sweep of the tensor amax, outliers, zeros, one
+# nonzero, subnormals, specials alone). A backend's ``input_dtypes`` narrows the dtypes;
+# the oracle quantizes the same tensor.
+QUANTIZE_INPUTS = dict(FAMILIES)
 DEFAULT_INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # Every field of the contract, scales first: a wrong scale explains the codes after it.
 QUANTIZE_FIELDS = diagnose_quantize.QUANTIZE_FIELDS
@@ -91,8 +89,11 @@ def nan_block_codes_as(ours: Any, codes: Any) -> Any:
     return torch.where(nan.to(codes.device), ours.codes.to(codes.device), codes)
 
 
-def _input_label(what: str, dtype: torch.dtype) -> str:
-    return f"{what} input" if dtype == torch.float32 else f"{what} input, {str(dtype).removeprefix('torch.')} tensor"
+def _input_label(what: str, dtype: torch.dtype, amax: float | None = None) -> str:
+    at = "" if amax is None else f" at amax {amax:.1e}"
+    if dtype == torch.float32:
+        return f"{what} input{at}"
+    return f"{what} input{at}, {str(dtype).removeprefix('torch.')} tensor"
 
 
 def _field_outcome(field: str, got: Any, want: torch.Tensor, context: dict[str, Any]) -> Outcome:
@@ -102,51 +103,109 @@ def _field_outcome(field: str, got: Any, want: torch.Tensor, context: dict[str, 
     return check_bitwise(got, want, None, context)
 
 
+def _headline_order(v: TensorVerdict) -> tuple:
+    """Which losing input heads the failure: a tensor lost outright first, then one whose
+    oracle SNR is finite (an ordinary tensor, not one the oracle keeps exactly), then a
+    float32 tensor, then the amax nearest 1 (a typical magnitude over a range end)."""
+    amax = abs(math.log10(v.amax)) if v.amax > 0 else math.inf
+    return (v.kernel_db > LOST_DB, not math.isfinite(v.oracle_db), v.dtype != torch.float32, amax)
+
+
+def _lost_lines(verdicts: list[tuple[TensorVerdict, str]], ran: int) -> list[str]:
+    """The losing input that heads the failure (``_headline_order``), then how many inputs
+    lose signal and which."""
+    lost = [(v, label) for v, label in verdicts if not v.passed]
+    if not lost:
+        return []
+    worst = min((v for v, _ in lost), key=_headline_order)
+    where = "; ".join(f"{v.operand} ({label})" for v, label in lost[:6]) + ("; ..." if len(lost) > 6 else "")
+    return [worst.line(), f"{len(lost)} of {ran} quantize inputs lose signal (the kernel's SNR more than "
+            f"{LOST_MARGIN_DB:g} dB under the oracle's against float64 truth): {where}"]
+
+
+def _quantize_one(backend: Any, recipe: Recipe, name: str, t: torch.Tensor, label: str, numerics: Any,
+                  differing: list, verdicts: list) -> None:
+    """One input of check_quantize: every field compared (attributed on a difference) and
+    the tensor-level verdict, each recorded."""
+    spec = recipe.spec(name)
+    ours = quantize_operand(t, spec, **fresh_state(recipe, name))
+    # A quantizer may lack a feature (AITER: 2D blocks): it raises Refusal, which the
+    # suite counts as refused; any other exception is a failure.
+    theirs = backend.quantize(t, spec, **fresh_state(recipe, name))
+    outcomes = []
+    for field in diagnose_quantize.compared_fields(ours):
+        got = getattr(theirs, field, None)
+        if field == "codes":
+            got = nan_block_codes_as(ours, got)
+        context = {"recipe": recipe.name, "layer": f"{name}.{field} ({label})", "direction": "quantize"}
+        outcomes.append((_field_outcome(field, got, getattr(ours, field), context), got, context))
+    lines: list[str] = []
+    verdict = None
+    # The verdict and attribution only run where a field differs: bit-identical fields
+    # dequantize to the oracle's values, so the kernel's SNR is the oracle's.
+    if not all(out.passed for out, _, _ in outcomes):
+        verdict = tensor_verdict(t, spec, ours, theirs, operand=name)
+        if verdict is not None:
+            verdicts.append((verdict, label))
+        d = diagnose_quantize.compare_quantized(t, spec, ours, theirs, operand=name, label=label)
+        # behaviours that explained earlier comparisons of this spec run first
+        first = tuple(a.behaviour for e in differing if e.spec == spec for a in e.attributions)
+        diagnose_quantize.attribute(d, QUANTIZE_BEHAVIOURS, tuple(dict.fromkeys(first)))
+        differing.append(d)
+        lines = render_attributions(d.attributions, d.n_examined, d.unexplained, d.unit)
+    if numerics is None:
+        return
+    for out, got, context in outcomes:
+        message = out.message if out.passed else "\n".join([out.message, *lines])
+        numerics.context(**context).record(
+            "bitwise", replace(out, message=message), got if isinstance(got, torch.Tensor) else None)
+    if verdict is not None:
+        context = {"recipe": recipe.name, "layer": f"{name} tensor ({label})", "direction": "quantize"}
+        numerics.context(**context).record("snr", Outcome(None, verdict.passed, verdict.line(),
+                                                          verdict.record_fields()))
+
+
+def _operands(recipe: Recipe, family: Family) -> tuple[str, ...]:
+    """x_row and w_row; a small family skips w_row where its spec is x_row's (same draws,
+    same quantizer: only 2D weight blocks or another format make it a second path)."""
+    if family.tiles is None and recipe.w_row == recipe.x_row:
+        return ("x_row",)
+    return ("x_row", "w_row")
+
+
+def _family_tensors(family: Family, gen: torch.Generator, recipe: Recipe, name: str,
+                    accepted: tuple[torch.dtype, ...]) -> list[tuple[torch.dtype, float, torch.Tensor]]:
+    rows = _M if name == "x_row" else _N
+    return [(d, a, t) for d, a, t in family.tensors(gen, recipe.spec(name), rows, _K) if d in accepted]
+
+
 def check_quantize(backend: Any, recipe: Recipe, gen: torch.Generator, numerics: Any = None) -> str | None:
     """The backend's quantization of x_row and w_row is bit-identical to the oracle's, on
-    each of QUANTIZE_INPUTS, in each tensor dtype of QUANTIZE_DTYPES the backend accepts
+    each input family of QUANTIZE_INPUTS, in each of its dtypes the backend accepts
     (``input_dtypes``). Every field of the contract is compared, scales first, and every
     comparison runs: the failure counts each differing field, shows the first differing
-    blocks, and names the known behaviours that reproduce them (``mxcheck.diagnose``)."""
+    blocks, and names the known behaviours that reproduce them (``mxcheck.diagnose``).
+
+    Beside the bits, each input's tensor-level verdict (``conformance.verdict``): a kernel
+    whose SNR against float64 truth falls more than LOST_MARGIN_DB under the oracle's loses
+    signal, and the worst such input heads the failure ("x_row loses the tensor at amax
+    ...")."""
     if not hasattr(backend, "quantize"):
         return "backend has no quantize"
     accepted = tuple(getattr(backend, "input_dtypes", DEFAULT_INPUT_DTYPES))
-    ran, differing = 0, []
-    for what, kw in QUANTIZE_INPUTS.items():
-        for name, rows in (("x_row", _M), ("w_row", _N)):
-            spec = recipe.spec(name)
-            values = training_like(gen, rows, _K, spec, **kw)
-            for dtype in (d for d in QUANTIZE_DTYPES[what] if d in accepted):
-                t = values.to(dtype).to(_device(backend))
-                ours = quantize_operand(t, spec, **fresh_state(recipe, name))
-                # A quantizer may lack a feature (AITER: 2D blocks): it raises Refusal, which the
-                # suite counts as refused; any other exception is a failure.
-                theirs = backend.quantize(t, spec, **fresh_state(recipe, name))
+    ran, differing, verdicts = 0, [], []
+    device = _device(backend)
+    for what, family in QUANTIZE_INPUTS.items():
+        for name in _operands(recipe, family):
+            for dtype, amax, t in _family_tensors(family, gen, recipe, name, accepted):
+                label = _input_label(what, dtype, None if family.tiles is not None and family.scale == 1.0 else amax)
+                _quantize_one(backend, recipe, name, t.to(device), label, numerics, differing, verdicts)
                 ran += 1
-                label = _input_label(what, dtype)
-                outcomes = []
-                for field in diagnose_quantize.compared_fields(ours):
-                    got = getattr(theirs, field, None)
-                    if field == "codes":
-                        got = nan_block_codes_as(ours, got)
-                    context = {"recipe": recipe.name, "layer": f"{name}.{field} ({label})", "direction": "quantize"}
-                    outcomes.append((_field_outcome(field, got, getattr(ours, field), context), got, context))
-                lines: list[str] = []
-                if not all(out.passed for out, _, _ in outcomes):  # attribution only runs on a failure
-                    d = diagnose_quantize.compare_quantized(t, spec, ours, theirs, operand=name, label=label)
-                    # behaviours that explained earlier comparisons of this spec run first
-                    first = tuple(a.behaviour for e in differing if e.spec == spec for a in e.attributions)
-                    diagnose_quantize.attribute(d, QUANTIZE_BEHAVIOURS, tuple(dict.fromkeys(first)))
-                    differing.append(d)
-                    lines = render_attributions(d.attributions, d.n_examined, d.unexplained, d.unit)
-                if numerics is not None:
-                    for out, got, context in outcomes:
-                        message = out.message if out.passed else "\n".join([out.message, *lines])
-                        numerics.context(**context).record(
-                            "bitwise", replace(out, message=message), got if isinstance(got, torch.Tensor) else None)
-    if differing:
-        raise NumericsError(diagnose_quantize.report(
-            differing, ran, f"quantize of recipe {recipe.name}, backend {getattr(backend, 'name', backend)}"))
+    lost = _lost_lines(verdicts, ran)
+    if differing or lost:
+        head = f"quantize of recipe {recipe.name}, backend {getattr(backend, 'name', backend)}"
+        raise NumericsError("\n".join([*lost, diagnose_quantize.report(differing, ran, head) if differing
+                                       else f"{head}: no field differs"]))
     if not ran:
         return f"backend input_dtypes={accepted} holds none of the input families' dtypes"
     return None
@@ -160,6 +219,14 @@ def check_gemm(backend: Any, recipe: Recipe, gen: torch.Generator, numerics: Any
     a, b = _fwd_operands(recipe, x, w)
     got = backend.gemm(a, b, out_dtype=gemm_out_dtype(backend))
     _assert_in_bound(got, a, b, f"gemm of recipe {recipe.name} at M={_M} N={_N} K={_K}")
+    # x at a gradient magnitude: the per-tensor factors a GEMM multiplies in (NVFP4's
+    # ts_a * ts_b, FP8's scale_inv product) leave float16's and bf16's normal range there.
+    m, n = _SMALL_GEMM
+    x = magnitude_tensor(gen, m, n, torch.bfloat16, GRADIENT_AMAX).float().to(_device(backend))
+    w = magnitude_tensor(gen, n, n, torch.bfloat16, 1.0).float().to(_device(backend))
+    a, b = _fwd_operands(recipe, x, w)
+    got = backend.gemm(a, b, out_dtype=gemm_out_dtype(backend))
+    _assert_in_bound(got, a, b, f"gemm of recipe {recipe.name} at M={m} N=K={n}, x at amax {GRADIENT_AMAX:.1e}")
     return None
 
 

@@ -21,6 +21,7 @@ from mxcheck.conformance._common import (
     own_sr_fwd_reason,
     training_operands,
 )
+from mxcheck.conformance.inputs import FAMILY_DTYPES, GRADIENT_AMAX, magnitude_tensor
 from mxcheck.gemm import quantize_operand
 from mxcheck.layouts import pack_mxfp6_blob, unpack_mxfp6_blob
 from mxcheck.recipes import Recipe
@@ -86,6 +87,15 @@ def _in_poisoned_storage(q: Any) -> Any:
     return dataclasses.replace(q, **{k: _poisoned_view(v) for k, v in tensors.items()})
 
 
+def _small_inputs(gen: torch.Generator, shape: torch.Size, accepted: tuple[torch.dtype, ...]) -> list[tuple[str, torch.Tensor]]:
+    """Inputs whose scales a kernel may compute from memory it never wrote: a gradient-
+    magnitude tensor natively in each accepted dtype (its block scales are tiny or zero)
+    and an all-zero one (amax 0)."""
+    out = [(f", amax {GRADIENT_AMAX:.1e} {str(d).removeprefix('torch.')}",
+            magnitude_tensor(gen, *shape, d, GRADIENT_AMAX)) for d in FAMILY_DTYPES if d in accepted]
+    return [*out, (", all zero", torch.zeros(shape))]
+
+
 def _shape(recipe: Recipe, m: int, n: int, k: int) -> tuple[int, int, int]:
     r = recipe.shape_multiple
     return tuple(-(-d // r) * r for d in (m, n, k))  # type: ignore[return-value]
@@ -100,15 +110,18 @@ def check_poison_padding(backend: Any, recipe: Recipe, gen: torch.Generator, num
     ctx = {"recipe": recipe.name, "m": m, "n": n, "k": k}
     x, w = training_operands(recipe, gen, dev, m, n, k)
     if hasattr(backend, "quantize"):
+        accepted = tuple(getattr(backend, "input_dtypes", FAMILY_DTYPES))
         for name, t in (("x_row", x), ("w_row", w)):
             spec = recipe.spec(name)
-            ours = quantize_operand(t, spec, **fresh_state(recipe, name))
+            inputs = [("", t), *((label, u.to(dev)) for label, u in _small_inputs(gen, t.shape, accepted))]
+            ours = [quantize_operand(u, spec, **fresh_state(recipe, name)) for _, u in inputs]
             with _poisoned_empty(dev, 0xFF):  # a Refusal propagates: the test counts it as refused
-                theirs = backend.quantize(t, spec, **fresh_state(recipe, name))
-            for field in ("codes", "scales", "block_scales", "scale_inv"):
-                if hasattr(ours, field):  # the padded region included
-                    _bitwise(numerics, getattr(theirs, field), getattr(ours, field),
-                             layer=f"{name}.{field} (poisoned allocator)", direction="quantize", **ctx)
+                theirs = [backend.quantize(u, spec, **fresh_state(recipe, name)) for _, u in inputs]
+            for (label, _), o, q in zip(inputs, ours, theirs, strict=True):
+                for field in ("codes", "scales", "block_scales", "scale_inv"):
+                    if hasattr(o, field):  # the padded region included
+                        _bitwise(numerics, getattr(q, field), getattr(o, field),
+                                 layer=f"{name}.{field} (poisoned allocator{label})", direction="quantize", **ctx)
     if hasattr(backend, "gemm"):
         a, b = _fwd_operands(recipe, x, w)
         clean = backend.gemm(a, b, out_dtype=gemm_out_dtype(backend))

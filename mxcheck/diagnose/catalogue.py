@@ -24,6 +24,16 @@ from typing import Any
 import torch
 
 from mxcheck.diagnose.behaviour import Behaviour
+from mxcheck.diagnose.precision import (
+    DECODED_SCALE_THRESHOLD,
+    FP16_SMALLEST_EXPONENT,
+    fp8_product_in,
+    mx_scale_in_float16,
+    nvfp4_block_scale_in,
+    nvfp4_decoded_scale_threshold,
+    nvfp4_encode_scale_in,
+    nvfp4_encode_scale_in_input_dtype,
+)
 from mxcheck.formats import FloatFormat, encode_bits, get_format
 from mxcheck.gemm import quantize_operand
 from mxcheck.profiles import ALL_PROFILES, FP8Profile, NVFP4Profile, Profile
@@ -33,7 +43,8 @@ from mxcheck.scaling.mx import MXTensor
 from mxcheck.scaling.nvfp4 import NVFP4Tensor
 from mxcheck.scaling.rules import E8M0_NAN
 
-__all__ = ["CONVENTIONS", "CONVENTION_OF", "FAILURES", "NOT_BLOCK_BEHAVIOURS", "QUANTIZE_BEHAVIOURS", "Convention",
+__all__ = ["CONVENTIONS", "CONVENTION_OF", "FAILURES", "NOT_BLOCK_BEHAVIOURS", "PRECISION_FAILURES",
+           "QUANTIZE_BEHAVIOURS", "Convention",
            "combined", "element_format", "spec_profile"]
 
 
@@ -419,6 +430,27 @@ FAILURES: tuple[Behaviour, ...] = (
 )
 
 
+# Scales (or products) held in too narrow a type, and a small scale treated as missing:
+# the bugs that lose whole tensors at magnitudes the oracle keeps (mxcheck.diagnose.precision).
+PRECISION_FAILURES: tuple[Behaviour, ...] = (
+    Behaviour("nvfp4_decoded_scale_threshold", f"NVFP4 decoded block scale under {DECODED_SCALE_THRESHOLD:g} replaced "
+              "by 1 (an absolute threshold: a gradient-magnitude tensor's codes all round to 0)", "quantize",
+              nvfp4_decoded_scale_threshold(DECODED_SCALE_THRESHOLD)),
+    Behaviour("nvfp4_encode_scale_input_dtype", "NVFP4 per-tensor encode factor 2688 / amax computed in the "
+              "input's dtype, falling back to 1 where it is not finite (float16: every amax under 0.041)",
+              "quantize", nvfp4_encode_scale_in_input_dtype),
+    Behaviour("nvfp4_encode_scale_bf16", "NVFP4 per-tensor encode factor 2688 / amax held in bf16", "quantize",
+              nvfp4_encode_scale_in(torch.bfloat16)),
+    Behaviour("nvfp4_block_scale_bf16", "NVFP4 float32 block scales rounded to bf16 before the ue4m3 cast (two "
+              "roundings)", "quantize", nvfp4_block_scale_in(torch.bfloat16)),
+    Behaviour("mx_scale_float16", f"MX block scale held in float16: 2^e below 2^{FP16_SMALLEST_EXPONENT} flushes to 0 "
+              "and is replaced by 1 (byte 127, the elements unscaled: codes 0 for tiny blocks)", "quantize",
+              mx_scale_in_float16),
+    Behaviour("fp8_product_bf16", "FP8 x * scale rounded to bf16 before the FP8 cast (two roundings)", "quantize",
+              fp8_product_in(torch.bfloat16)),
+)
+
+
 def _convention_behaviour(c: Convention) -> Behaviour:
     return Behaviour(c.key, c.title, "quantize", _convention_run(c), c.cases, c.seen_in)
 
@@ -445,5 +477,6 @@ def combined(first: Behaviour, second: Behaviour) -> Behaviour | None:
 QUANTIZE_BEHAVIOURS: tuple[Behaviour, ...] = (
     *(_convention_behaviour(c) for c in CONVENTIONS),
     *FAILURES,
+    *PRECISION_FAILURES,
     *(_profile_behaviour(name) for name in ALL_PROFILES),
 )

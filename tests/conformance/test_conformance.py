@@ -65,8 +65,11 @@ class _NanBlockCodes(EmulatedBackend):
 
 @pytest.mark.parametrize(("also", "verdict"), [("", "ok"), ("code", "FAILED"), ("scale", "FAILED")],
                          ids=["codes-in-nan-blocks", "a-code-elsewhere", "the-nan-scale-byte"])
-def test_codes_inside_nan_scaled_blocks_are_not_compared_but_everything_else_is(also, verdict):
-    from mxcheck.conformance import run_checks
+def test_codes_inside_nan_scaled_blocks_are_not_compared_but_everything_else_is(also, verdict, monkeypatch):
+    from mxcheck.conformance import basic, run_checks
+
+    # the tiled families hold the NaN blocks (and are what this test ran on before the small ones)
+    monkeypatch.setattr(basic, "QUANTIZE_INPUTS", {k: f for k, f in basic.QUANTIZE_INPUTS.items() if f.tiles})
 
     got = run_checks(_NanBlockCodes(also), RECIPES["mxfp8"], names=["quantize"])["quantize"]
     assert got.startswith(verdict), got

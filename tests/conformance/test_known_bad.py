@@ -11,8 +11,12 @@ from mxcheck.assertions import NumericsError
 from mxcheck.backends.emulated import EmulatedBackend
 from mxcheck.backends.known_bad import KNOWN_BAD
 from mxcheck.conformance import CHECKS, run_checks
+from mxcheck.conformance import basic as conformance_basic
+from mxcheck.conformance.inputs import FAMILIES
+from mxcheck.conformance.verdict import tensor_verdict
 from mxcheck.diagnose import CATALOGUE
 from mxcheck.diagnose.catalogue import combined
+from mxcheck.gemm import quantize_operand
 from mxcheck.recipes import RECIPES
 
 pytestmark = pytest.mark.emulated
@@ -32,7 +36,23 @@ EXPECTED = {
     "bad-half-away": ("mxfp4", "quantize", "mx.rounding=half_away"),
     "bad-trunc": ("mxfp4", "quantize", "mx.rounding=trunc"),
     "bad-log2-scale": ("mxfp4", "quantize", "mx.exponent_source=log2_fp32"),
+    # scales held in too narrow a type (issue 35): caught by the magnitude families
+    "bad-nvfp4-scale-threshold": ("nvfp4", "quantize", "nvfp4_decoded_scale_threshold"),
+    "bad-nvfp4-encode-input-dtype": ("nvfp4", "quantize", "nvfp4_encode_scale_input_dtype"),
+    "bad-nvfp4-encode-bf16": ("nvfp4", "quantize", "nvfp4_encode_scale_bf16"),
+    "bad-nvfp4-block-scale-bf16": ("nvfp4", "quantize", "nvfp4_block_scale_bf16"),
+    "bad-mx-scale-float16": ("mxfp8", "quantize", "mx_scale_float16"),
+    "bad-fp8-double-round": ("fp8", "quantize", "fp8_product_bf16"),
 }
+# The seeded bugs that lose whole tensors, and an input of the magnitude family each loses
+# as the issue measured it (a gradient magnitude; float16 under 0.041): their failure opens
+# with the lost-tensor line (conformance.verdict).
+LOSES_TENSORS = {
+    "bad-nvfp4-scale-threshold": r"at amax 5\.0e-05 \(float32\)",
+    "bad-nvfp4-encode-input-dtype": r"at amax 3\.1e-02 \(float16\)",
+    "bad-mx-scale-float16": r"at amax 1\.0e-08 \(float32\)",
+}
+LOST_LINE = r"[xw]_row loses the tensor at amax \S+ \(\w+\): SNR -?[\d.]+ dB, oracle [\d.]+ dB, [\d,]+ of [\d,]+ values 0"
 
 
 def test_every_known_bad_backend_has_an_expectation():
@@ -62,6 +82,10 @@ def test_known_bad_backend_fails_the_check_its_bug_breaks_and_is_named_by_its_ca
     is the bug, reproducing every differing unit, and no other behaviour of its level."""
     recipe, check, cause = EXPECTED[name]
     message = _failure(KNOWN_BAD[name](), recipe, check)
+    if name in LOSES_TENSORS:  # the lost-tensor verdict heads the failure
+        first, second = message.splitlines()[:2]
+        assert re.match(LOST_LINE, first), first
+        assert re.match(r"\d+ of \d+ quantize inputs lose signal", second), second
     if cause not in CATALOGUE:  # a shape pattern
         assert cause in message, message
         return
@@ -110,3 +134,54 @@ def test_truncation_fails_quantize_on_mxfp6_too():
 def test_a_float32_log2_block_exponent_fails_quantize_on_the_amax_input(recipe):
     with pytest.raises(NumericsError, match=r"x_row\.scales \(amax input\)"):
         CHECKS["quantize"](KNOWN_BAD["bad-log2-scale"](), RECIPES[recipe], torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize("name", sorted(LOSES_TENSORS))
+def test_a_bug_that_loses_a_tensor_loses_it_where_the_issue_measured(name):
+    """The magnitude input named in LOSES_TENSORS comes back with no signal, SNR 0.0 dB
+    (the error is the whole signal: most values 0, the rest no better), where the oracle
+    keeps more than 10 dB."""
+    recipe = RECIPES[EXPECTED[name][0]]
+    lines = [v.line() for v in _verdicts(KNOWN_BAD[name](), recipe)
+             if re.search(LOSES_TENSORS[name], v.line())]
+    assert len(lines) == 1, lines
+    found = re.match(r"x_row loses the tensor at .*: SNR 0\.0 dB, oracle (\d+\.\d) dB, [\d,]+ of 4,096 values 0$",
+                     lines[0])
+    assert found and float(found[1]) > 10, lines[0]
+
+
+def _verdicts(backend, recipe):
+    """The tensor verdict of every magnitude input of x_row where the backend's bits differ."""
+    out = []
+    for _, _, t in FAMILIES["magnitude"].tensors(torch.Generator().manual_seed(0), recipe.x_row, 32, 128):
+        v = tensor_verdict(t, recipe.x_row, quantize_operand(t, recipe.x_row), backend.quantize(t, recipe.x_row),
+                           operand="x_row")
+        out += [v] if v is not None else []
+    return out
+
+
+@pytest.mark.parametrize("name", ["bad-nvfp4-encode-bf16", "bad-nvfp4-block-scale-bf16", "bad-fp8-double-round"])
+def test_a_quiet_scale_precision_bug_fails_quantize_on_a_tensor_amax_that_is_not_a_power_of_two(name):
+    """The quiet bugs pass every tiled input in bf16 (tensor amax 336 or 0.875: every
+    per-tensor scale a power of two) and fail on the magnitude sweep's amax 4.6 in bf16
+    (bf16 tensors only: the backend declares input_dtypes, as the suite reads it)."""
+    backend = KNOWN_BAD[name]()
+    backend.input_dtypes = (torch.bfloat16,)
+    with pytest.raises(NumericsError) as info:
+        CHECKS["quantize"](backend, RECIPES[EXPECTED[name][0]], torch.Generator().manual_seed(0))
+    message = str(info.value)
+    assert re.search(r"(x|w)_row\.(codes|block_scales) \(magnitude input at amax 4\.6e\+00, bfloat16 tensor\)",
+                     message), message[:3000]
+    assert not re.search(r"\((bf16|amax-bf16|inf-nan) input, bfloat16 tensor\)", message), message[:3000]
+
+
+@pytest.mark.parametrize("recipe", ["nvfp4", "fp8", "mxfp8"])
+def test_ties_away_fail_on_midpoints_at_a_gradient_magnitude(recipe, monkeypatch):
+    """The midpoints stay midpoints at 2^-24 (every scale a power of two): ties rounded away
+    differ there, in bf16 tensors too."""
+    monkeypatch.setattr(conformance_basic, "QUANTIZE_INPUTS", {"midpoints-small": FAMILIES["midpoints-small"]})
+    backend = KNOWN_BAD["bad-half-away"]()
+    backend.input_dtypes = (torch.bfloat16,)
+    with pytest.raises(NumericsError, match=r"x_row\.(codes|block_scales) \(midpoints-small input at amax \S+, "
+                                            r"bfloat16 tensor\)"):
+        CHECKS["quantize"](backend, RECIPES[recipe], torch.Generator().manual_seed(0))
