@@ -1,7 +1,8 @@
 """The diagnosis never crashes on what a kernel writes: any byte in a scale or code field
 (0x00 to 0xff, whether or not the format has that code) and any float32 bit pattern in a
 float field (NaN payloads, Inf, subnormals, negative scales) goes through the failure text
-and the JSON, Markdown and HTML reports, counted and shown."""
+(the bitwise counts and the tensor-level verdict) and the JSON, Markdown and HTML reports,
+counted and shown."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 from mxcheck.assertions import NumericsError
 from mxcheck.backends.emulated import EmulatedBackend
 from mxcheck.conformance import CHECKS
+from mxcheck.conformance.verdict import tensor_verdict
 from mxcheck.diagnose import quantize as diagnose_quantize
 from mxcheck.diagnose.catalogue import QUANTIZE_BEHAVIOURS
 from mxcheck.gemm import quantize_operand
@@ -62,6 +64,8 @@ def test_any_field_value_is_counted_shown_and_reported(case):
                                             label="any bytes")
     diagnose_quantize.attribute(d, QUANTIZE_BEHAVIOURS)
     text = diagnose_quantize.report([d], 1, f"quantize of recipe {recipe}")
+    verdict = tensor_verdict(_X, RECIPES[recipe].x_row, oracle, kernel, operand="x_row")
+    text = "\n".join([verdict.line(), text]) if verdict is not None else text
     counted = {c.field: c.differ for c in d.counts}
     if counted.get(name):
         assert f"x_row.{name} (any bytes): {counted[name]:,} of " in text

@@ -25,9 +25,12 @@ from typing import Any
 
 import torch
 
+from mxcheck.diagnose.catalogue import element_format
 from mxcheck.diagnose.quantize import compared_fields, field_problem
+from mxcheck.formats import decode_table, get_format
 from mxcheck.hadamard import apply_hadamard, get_hadamard
 from mxcheck.recipes import OperandSpec
+from mxcheck.scaling.nvfp4 import NVFP4Tensor
 
 __all__ = ["LOST_DB", "LOST_MARGIN_DB", "TensorVerdict", "tensor_verdict"]
 
@@ -109,6 +112,28 @@ def _as_oracle_type(oracle: Any, kernel: Any) -> Any | None:
     return replace(oracle, **{f: getattr(kernel, f).to(getattr(oracle, f).device) for f in fields})
 
 
+def _readable(q: Any) -> tuple[Any, torch.Tensor | None]:
+    """q with every byte outside its format's codes (an NVFP4 block scale of 0x80 or above, a
+    4-bit code with high bits set) replaced by 0, and the elements those bytes decode (None
+    if none): they have no value, so the verdict counts them as NaN, an infinite error."""
+    bad = torch.zeros(q.codes.shape, dtype=torch.bool, device=q.codes.device)
+    fixed = {}
+    fields = (("codes", element_format(q)),) + ((("block_scales", get_format("ue4m3")),)
+                                                  if isinstance(q, NVFP4Tensor) else ())
+    for name, fmt in fields:
+        field = getattr(q, name, None)
+        if not isinstance(field, torch.Tensor) or field.dtype != torch.uint8:
+            continue
+        out = field.to(torch.int16) >= len(decode_table(fmt))  # 256 does not fit a uint8 compare
+        if bool(out.any()):
+            fixed[name] = field.masked_fill(out, 0)
+            block = q.codes.shape[-1] // field.shape[-1] if name == "block_scales" else 1
+            spread = out.repeat_interleave(block, dim=-1)[..., : q.codes.shape[-1]]
+            if spread.shape == bad.shape:  # 2D tiles store a scale per tile row: their zeros stand
+                bad |= spread
+    return (replace(q, **fixed), bad) if fixed else (q, None)
+
+
 def _truth(x: torch.Tensor, spec: OperandSpec) -> torch.Tensor:
     t = x.detach().to(torch.float64)
     rot = get_hadamard(spec.hadamard)
@@ -123,7 +148,10 @@ def tensor_verdict(x: torch.Tensor, spec: OperandSpec, oracle: Any, kernel: Any,
     theirs = _as_oracle_type(oracle, kernel)
     if theirs is None or not hasattr(oracle, "dequantize"):
         return None
+    theirs, unreadable = _readable(theirs)
     ours_v, theirs_v = oracle.dequantize().double().cpu(), theirs.dequantize().double().cpu()
+    if unreadable is not None and unreadable.shape == theirs_v.shape:
+        theirs_v = theirs_v.masked_fill(unreadable.cpu(), math.nan)
     truth = _truth(x, spec).cpu()
     if ours_v.shape != truth.shape or theirs_v.shape != truth.shape:
         return None
