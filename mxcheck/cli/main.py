@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import NoReturn
 
 import mxcheck
-from mxcheck.cli import about, analysis, conform, deploy, flux, reports
+from mxcheck.cli import about, analysis, conform, deploy, flux, recipes, reports
 from mxcheck.cli.common import PROG, CommandError
 
 __all__ = ["COMMANDS", "Command", "build_parser", "main"]
@@ -43,6 +43,10 @@ COMMANDS: dict[str, Command] = {
                     about.info_args, about.run_info),
     "formats": Command("the constants of every element format", about.formats_args,
                        about.run_formats),
+    "recipes": Command("every built-in recipe: its source and what each operand copy does",
+                       recipes.recipes_args, recipes.run_recipes),
+    "profiles": Command("the implementation profiles; with NAME, every field of one",
+                        recipes.profiles_args, recipes.run_profiles),
     "report": Command("render a JSON report to Markdown (default: stdout) and/or HTML",
                       reports.report_args, reports.run_report),
     "compare": Command("compare two reports; exit 1 on a regression", reports.compare_args,
