@@ -55,7 +55,7 @@ def _fwd_operands(recipe: Recipe, x: torch.Tensor, w: torch.Tensor) -> tuple[Any
             quantize_operand(w, recipe.w_row, **fresh_state(recipe, "w_row")))
 
 
-NO_LINEAR = "backend has neither linear nor gemm"  # the skip reason of every linear check
+NO_LINEAR = "backend has neither linear, gemm nor fake_quantize"  # the skip reason of every linear check
 
 
 def _delayed(recipe: Recipe) -> bool:
@@ -65,13 +65,18 @@ def _delayed(recipe: Recipe) -> bool:
 def linear_of(backend: Any) -> Callable[..., torch.Tensor] | None:
     """``linear(x, w, b, recipe, states=None)`` of a backend: its own, or for a GEMM-only
     backend (Triton, ``torch._scaled_mm``) the reference Function running its GEMMs on the
-    oracle's operands. A delayed-scaling recipe gets ``states`` (fresh ones when None: a
+    oracle's operands, or for a fake-quant backend the reference Function on its values. A delayed-scaling recipe gets ``states`` (fresh ones when None: a
     first step, scale 1); other recipes never see the keyword."""
     if hasattr(backend, "linear"):
         base = backend.linear
     elif hasattr(backend, "gemm"):
         def base(x, w, b, recipe, **kw):
             return _reference_on_gemm(backend, x, w, b, recipe, **kw)
+    elif hasattr(backend, "fake_quantize"):  # its values as every operand copy (conformance.values)
+        from mxcheck.conformance.values import reference_on_fake_quantize  # noqa: PLC0415  (it imports this module)
+
+        def base(x, w, b, recipe, **kw):
+            return reference_on_fake_quantize(backend, x, w, b, recipe, **kw)
     else:
         return None
 

@@ -29,6 +29,7 @@ from mxcheck.conformance._common import (
 )
 from mxcheck.conformance.inputs import WIDE_POWERS, training_like
 from mxcheck.conformance.sr_linear import check_sr_linear, sr_statistics_reason
+from mxcheck.conformance.values import check_fake_quantize
 from mxcheck.diagnose import quantize as diagnose_quantize
 from mxcheck.diagnose.behaviour import render_attributions
 from mxcheck.diagnose.catalogue import QUANTIZE_BEHAVIOURS
@@ -107,9 +108,14 @@ def check_quantize(backend: Any, recipe: Recipe, gen: torch.Generator, numerics:
     each of QUANTIZE_INPUTS, in each tensor dtype of QUANTIZE_DTYPES the backend accepts
     (``input_dtypes``). Every field of the contract is compared, scales first, and every
     comparison runs: the failure counts each differing field, shows the first differing
-    blocks, and names the known behaviours that reproduce them (``mxcheck.diagnose``)."""
+    blocks, and names the known behaviours that reproduce them (``mxcheck.diagnose``).
+    A backend's ``fake_quantize`` is judged on values first (``conformance.values``)."""
+    if hasattr(backend, "fake_quantize"):  # values, judged against the oracle's dequantized values
+        why = check_fake_quantize(backend, recipe, gen, numerics)
+        if not hasattr(backend, "quantize"):
+            return why
     if not hasattr(backend, "quantize"):
-        return "backend has no quantize"
+        return "backend has neither quantize nor fake_quantize"
     accepted = tuple(getattr(backend, "input_dtypes", DEFAULT_INPUT_DTYPES))
     ran, differing = 0, []
     for what, kw in QUANTIZE_INPUTS.items():
