@@ -126,31 +126,94 @@ def _per_block(mask: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
     return torch.zeros(n, dtype=torch.int64).index_add_(0, blocks.flatten(), mask.flatten().to(torch.int64)) > 0
 
 
+SCREEN_ROWS = 8  # rows holding differences a behaviour is first tried on; it runs on all only where it fits there
+
+
+def _row_separable(spec: OperandSpec) -> bool:
+    """Blocks lie within rows and a tensor-wide amax is kept by the anchor rows: 1D MX and
+    NVFP4 blocks (not an NVFP4 rotation: its amax is taken after it), FP8 tensors, rows
+    and 1x128 blocks (not delayed scaling: its history is the tensor's)."""
+    if spec.scaling in ("mx", "nvfp4"):
+        return not spec.block_2d and (spec.scaling == "mx" or spec.hadamard is None)
+    return spec.scaling in ("tensor", "row", "block1x128")
+
+
+def _anchor_rows(x: torch.Tensor) -> list[int]:
+    """Rows that keep a tensor-wide amax what it is: the largest finite magnitude's, the first
+    with a NaN, the first with an Inf."""
+    a = x.abs().float()
+    rows = [int(torch.where(torch.isfinite(a), a, 0).amax(dim=1).argmax())]
+    for special in (torch.isnan(a), torch.isinf(a)):
+        rows += special.any(dim=1).nonzero().flatten()[:1].tolist()
+    return rows
+
+
+@dataclass
+class _Rows:
+    x: torch.Tensor
+    oracle: Any
+    got: torch.Tensor
+    blocks: torch.Tensor
+    bad: torch.Tensor  # bool per block
+
+    @classmethod
+    def of(cls, x: torch.Tensor, oracle: Any, got: torch.Tensor, differ: torch.Tensor, spec: OperandSpec) -> _Rows:
+        blocks = value_blocks(x, spec)
+        return cls(x, oracle, got, blocks, _per_block(differ, blocks))
+
+    def fit(self, b: Behaviour, spec: OperandSpec) -> tuple[torch.Tensor, int] | None:
+        """(blocks of these rows whose every value b reproduces among the differing ones,
+        right blocks b would change), or None where b does not apply."""
+        try:
+            q = b.run(self.x, spec, self.oracle)
+            if q is None:
+                return None
+            theirs = same_nans(oracle_values(q, self.got.dtype), self.got)
+        except (ValueError, TypeError, RuntimeError):  # a layout or input the behaviour cannot take
+            return None
+        if tuple(theirs.shape) != tuple(self.got.shape):
+            return None
+        wrong = _per_block(_bits(theirs) != _bits(self.got), self.blocks)
+        return self.bad & ~wrong, int((~self.bad & wrong).sum())
+
+
+def _screen(d: ValuesDiff) -> _Rows | None:
+    if not _row_separable(d.spec):
+        return None
+    rows = torch.unique(d.differ.any(dim=1).nonzero().flatten())[:SCREEN_ROWS].tolist()
+    rows = sorted(set(rows) | set(_anchor_rows(d.x)))
+    if len(rows) >= d.x.shape[0]:
+        return None
+    x = d.x[rows]
+    return _Rows.of(x, quantize_operand(x, d.spec), d.got[rows], d.differ[rows], d.spec)
+
+
 def attribute_values(d: ValuesDiff, behaviours: tuple[Behaviour, ...], first: tuple[Behaviour, ...] = ()) -> None:
     """Name each quantize behaviour for the differing blocks whose every value it reproduces
     (the behaviour quantizes the same input, then its result is dequantized and cast as the
-    oracle's is); skip one that changes at least as many blocks the kernel gets right."""
-    bad = _per_block(d.differ, d.blocks)
-    explained = torch.zeros_like(bad)
+    oracle's is); skip one that changes at least as many blocks the kernel gets right. Each
+    is screened on a few rows holding differences first (``first``: behaviours that explained
+    another comparison, tried before the rest, unscreened)."""
+    full = _Rows.of(d.x, d.oracle, d.got, d.differ, d.spec)
+    screen = _screen(d)
+    explained = torch.zeros_like(full.bad)
     order = [*first, *(b for b in behaviours if b not in first)]
     for b in (b for b in order if b.level == "quantize"):
-        if not bool((bad & ~explained).any()):
+        if not bool((full.bad & ~explained).any()):
             break
-        try:
-            q = b.run(d.x, d.spec, d.oracle)
-            if q is None:
+        if screen is not None and b not in first:
+            fits = screen.fit(b, d.spec)
+            if fits is None or not bool(fits[0].any()):
                 continue
-            theirs = same_nans(oracle_values(q, d.got.dtype), d.got)
-        except (ValueError, TypeError, RuntimeError):  # a layout or input the behaviour cannot take
+        fits = full.fit(b, d.spec)
+        if fits is None:
             continue
-        wrong = _per_block(_bits(theirs) != _bits(d.got), d.blocks)
-        reproduced = bad & ~wrong
-        changed = int((~bad & wrong).sum())
+        reproduced, changed = fits
         if not bool((reproduced & ~explained).any()) or changed >= int(reproduced.sum()):
             continue
         explained |= reproduced
-        d.attributions.append(Attribution(b, int(reproduced.sum()), int(bad.sum()), d.unit, changed))
-    d.unexplained = int((bad & ~explained).sum())
+        d.attributions.append(Attribution(b, int(reproduced.sum()), int(full.bad.sum()), d.unit, changed))
+    d.unexplained = int((full.bad & ~explained).sum())
 
 
 def _hex(v: torch.Tensor) -> str:
