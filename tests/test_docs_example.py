@@ -75,6 +75,19 @@ def test_buggy_example_fails_quantize_on_the_amax_inputs_with_the_scale_one_bina
     assert re.search(r"([\d,]+) of \1 differing blocks are reproduced by: block exponent from a float32 log2", out)
 
 
+def test_buggy_fake_quant_example_fails_on_values_and_names_the_seeded_bug(tmp_path, monkeypatch, capsys):
+    # The example's whole suite passing, and this variant failing, from the wheel: steps of .ci/run.
+    code, out, report = _conform(tmp_path, monkeypatch, capsys, "toy_fq:make_buggy_backend", "-k", "quantize")
+    assert code == 1, out
+    failed = _failed(report["records"])
+    assert sorted(r["layer"] for r in failed) == ["w_row.values (amax input)", "x_row.values (amax input)"], failed
+    # every other comparison of values (bf16 inputs in each dtype, Inf/NaN) passed: only the bug differs
+    assert sum(r["passed"] and ".values (" in r["layer"] for r in report["records"]) == 14
+    # the cause is found from the values alone: no codes, no scales
+    assert re.search(r"cause:\n\S* +([\d,]+) of the \1 differing blocks examined are reproduced by: block exponent "
+                     r"from a float32 log2", out), out
+
+
 @pytest.fixture
 def toy_mx():
     sys.path.insert(0, str(EXAMPLES))
