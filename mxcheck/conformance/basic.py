@@ -110,13 +110,15 @@ def check_quantize(backend: Any, recipe: Recipe, gen: torch.Generator, numerics:
     comparison runs: the failure counts each differing field, shows the first differing
     blocks, and names the known behaviours that reproduce them (``mxcheck.diagnose``).
     A backend's ``fake_quantize`` is judged on values first (``conformance.values``)."""
+    accepted = tuple(getattr(backend, "input_dtypes", DEFAULT_INPUT_DTYPES))
     if hasattr(backend, "fake_quantize"):  # values, judged against the oracle's dequantized values
-        why = check_fake_quantize(backend, recipe, gen, numerics)
+        why = check_fake_quantize(backend, recipe, gen, numerics, families=QUANTIZE_INPUTS, shape=(_M, _N, _K),
+                                  dtypes={w: tuple(d for d in ds if d in accepted) for w, ds in QUANTIZE_DTYPES.items()},
+                                  label=_input_label)
         if not hasattr(backend, "quantize"):
             return why
     if not hasattr(backend, "quantize"):
         return "backend has neither quantize nor fake_quantize"
-    accepted = tuple(getattr(backend, "input_dtypes", DEFAULT_INPUT_DTYPES))
     ran, differing = 0, []
     for what, kw in QUANTIZE_INPUTS.items():
         for name, rows in (("x_row", _M), ("w_row", _N)):

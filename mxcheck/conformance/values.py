@@ -17,28 +17,28 @@ kernels of a training step return). The contract (docs/backends.md, "Fake-quant 
 
 A fake-quant backend without ``gemm`` or ``linear`` gets its linears through the reference
 Function with its ``fake_quantize`` in place of the oracle's quantizer
-(``reference_on_fake_quantize``).
+(``conformance._common.linear_of``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
 from mxcheck.assertions import NumericsError, check_bitwise
-from mxcheck.backends.contract import Refusal
-from mxcheck.conformance._common import _FROM_BACKEND, _device, fresh_state
+from mxcheck.conformance._common import _device, fresh_state, values_problem
 from mxcheck.conformance.inputs import training_like
 from mxcheck.diagnose.behaviour import Attribution, Behaviour, render_attributions
 from mxcheck.diagnose.catalogue import QUANTIZE_BEHAVIOURS
-from mxcheck.gemm import PlainTensor, quantize_operand
+from mxcheck.gemm import quantize_operand
 from mxcheck.outcome import Outcome, say
 from mxcheck.recipes import OperandSpec, Recipe
 
-__all__ = ["VALUES_ROUNDING", "ValuesDiff", "attribute_values", "check_fake_quantize", "oracle_values",
-           "reference_on_fake_quantize", "same_nans", "value_blocks", "values_problem"]
+__all__ = ["VALUES_ROUNDING", "ValuesDiff", "attribute_values", "check_fake_quantize", "oracle_values", "same_nans",
+           "value_blocks", "values_problem"]
 
 # How the oracle's float32 values reach a narrower dtype the kernel returns: stated in every
 # failure and in the contract.
@@ -51,17 +51,6 @@ def oracle_values(q: Any, dtype: torch.dtype) -> torch.Tensor:
     """The oracle's quantized operand ``q`` as values in ``dtype`` (float32 is exact; a
     narrower dtype rounds to nearest even)."""
     return q.dequantize().to(dtype)
-
-
-def values_problem(got: Any, x: torch.Tensor) -> str:
-    """What is wrong with a kernel's fake-quantized result for input ``x``, or ""."""
-    if not isinstance(got, torch.Tensor):
-        return f"fake_quantize returned {type(got).__name__}, expected a tensor shaped like x"
-    allowed = tuple(dict.fromkeys((x.dtype, torch.float32)))
-    if tuple(got.shape) != tuple(x.shape) or got.dtype not in allowed:
-        return (f"fake_quantize returned {got.dtype} {list(got.shape)}, expected {list(x.shape)} in "
-                f"{' or '.join(str(d).removeprefix('torch.') for d in allowed)}")
-    return ""
 
 
 def same_nans(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
@@ -262,42 +251,35 @@ def _outcome(got: torch.Tensor, want: torch.Tensor, x: torch.Tensor, context: di
     return check_bitwise(same_nans(got, want), want, None, context)
 
 
-def check_fake_quantize(backend: Any, recipe: Recipe, gen: torch.Generator, numerics: Any = None) -> str | None:
+def check_fake_quantize(backend: Any, recipe: Recipe, gen: torch.Generator, numerics: Any = None, *,
+                        families: dict[str, dict[str, Any]], dtypes: dict[str, tuple[torch.dtype, ...]],
+                        shape: tuple[int, int, int], label: Callable[[str, torch.dtype], str]) -> str | None:
     """The backend's ``fake_quantize`` of x_row and w_row equals the oracle's dequantized
-    values bit for bit, on the inputs and dtypes ``check_quantize`` feeds ``quantize``; a
-    failure counts each differing comparison, shows the first differing values and names
-    the known behaviours that reproduce them."""
-    # basic.py calls this check (its hook in check_quantize): its tables load late
-    from mxcheck.conformance.basic import (  # noqa: PLC0415
-        _K,
-        _M,
-        _N,
-        DEFAULT_INPUT_DTYPES,
-        QUANTIZE_DTYPES,
-        QUANTIZE_INPUTS,
-        _input_label,
-    )
-
-    accepted = tuple(getattr(backend, "input_dtypes", DEFAULT_INPUT_DTYPES))
+    values bit for bit, on the inputs ``check_quantize`` feeds ``quantize`` (its tables:
+    ``families`` of ``training_like`` keywords, the tensor ``dtypes`` of each that the backend
+    accepts, the (M, N, K) ``shape`` and how a comparison is ``label``led); a failure counts
+    each differing comparison, shows the first differing values and names the known
+    behaviours that reproduce them."""
+    m, n, k = shape
     ran, differing = 0, []
-    for what, kw in QUANTIZE_INPUTS.items():
-        for name, rows in (("x_row", _M), ("w_row", _N)):
+    for what, kw in families.items():
+        for name, rows in (("x_row", m), ("w_row", n)):
             spec = recipe.spec(name)
-            values = training_like(gen, rows, _K, spec, **kw)
-            for dtype in (d for d in QUANTIZE_DTYPES[what] if d in accepted):
+            values = training_like(gen, rows, k, spec, **kw)
+            for dtype in dtypes[what]:
                 t = values.to(dtype).to(_device(backend))
                 ours = quantize_operand(t, spec, **fresh_state(recipe, name))
                 got = backend.fake_quantize(t, spec, **fresh_state(recipe, name))
                 ran += 1
-                label = _input_label(what, dtype)
+                text = label(what, dtype)
                 want = oracle_values(ours, got.dtype if isinstance(got, torch.Tensor) else torch.float32)
-                context = {"recipe": recipe.name, "layer": f"{name}.values ({label})", "direction": "quantize"}
+                context = {"recipe": recipe.name, "layer": f"{name}.values ({text})", "direction": "quantize"}
                 out = _outcome(got, want.to(got.device) if isinstance(got, torch.Tensor) else want, t, context)
                 lines: list[str] = []
                 if not out.passed:
                     if values_problem(got, t):
                         raise NumericsError(out.message)
-                    d = ValuesDiff(name, label, spec, t.detach().cpu(), _cpu(ours), want.cpu(),
+                    d = ValuesDiff(name, text, spec, t.detach().cpu(), _cpu(ours), want.cpu(),
                                    same_nans(got.detach().cpu(), want.cpu()))
                     if len(differing) < ATTRIBUTED:
                         first = tuple(a.behaviour for e in differing if e.spec == spec for a in e.attributions)
@@ -311,7 +293,7 @@ def check_fake_quantize(backend: Any, recipe: Recipe, gen: torch.Generator, nume
         raise NumericsError(_report(differing, ran, f"fake_quantize of recipe {recipe.name}, backend "
                                                    f"{getattr(backend, 'name', backend)}"))
     if not ran:
-        return f"backend input_dtypes={accepted} holds none of the input families' dtypes"
+        return f"backend input_dtypes={getattr(backend, 'input_dtypes', None)} holds none of the input families' dtypes"
     return None
 
 
@@ -320,39 +302,3 @@ def _cpu(q: Any) -> Any:
         return q
     moved = {f: getattr(q, f).cpu() for f in q.__dataclass_fields__ if isinstance(getattr(q, f), torch.Tensor)}
     return replace(q, **moved) if moved else q
-
-
-def reference_on_fake_quantize(backend: Any, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
-                               recipe: Recipe, **kw: Any) -> torch.Tensor:
-    """The reference Function with the backend's ``fake_quantize`` in place of the oracle's
-    quantizer: every quantized operand copy of the three GEMMs (x_row ... x_col) is the
-    kernel's values, and the oracle's GEMM multiplies them (float32 accumulation); a copy the
-    recipe keeps unquantized is the oracle's. A shape the reference Function cannot take is a
-    Refusal; the backend's own exceptions pass unchanged."""
-    from mxcheck.backends.emulated import _shape_refusal  # noqa: PLC0415
-    from mxcheck.functions import quant_linear  # noqa: PLC0415
-
-    if isinstance(w, torch.Tensor) and w.ndim == 2 and x.ndim >= 1:
-        why = _shape_refusal(recipe, x.numel() // max(x.shape[-1], 1), w.shape[0], w.shape[1],
-                             x.requires_grad, w.requires_grad)
-        if why is not None:
-            raise Refusal(f"the reference Function around the backend's fake_quantize cannot take this: {why}")
-
-    def quantize(t: torch.Tensor, spec: OperandSpec, *, rand: Any = None, state: Any = None) -> Any:
-        if not spec.quantized:
-            return quantize_operand(t, spec)
-        try:
-            values = backend.fake_quantize(t, spec, **({} if state is None else {"state": state}))
-        except Exception as e:  # marked, not wrapped: it must reach the check as the backend raised it
-            setattr(e, _FROM_BACKEND, True)
-            raise
-        if problem := values_problem(values, t):
-            raise NumericsError(f"recipe {recipe.name}: {problem} (copy {spec.describe()}, shape {list(t.shape)})")
-        return PlainTensor(values)
-
-    try:
-        return quant_linear(x, w, b, recipe, quantize=quantize, **kw)
-    except ValueError as e:
-        if getattr(e, _FROM_BACKEND, False) or isinstance(e, Refusal):
-            raise
-        raise Refusal(f"the reference Function around the backend's fake_quantize cannot take this: {e}") from e

@@ -12,7 +12,6 @@ import torch
 from mxcheck.assertions import NumericsError
 from mxcheck.conformance import basic, run_checks, values
 from mxcheck.conformance._common import linear_of
-from mxcheck.conformance.values import check_fake_quantize
 from mxcheck.functions import quant_linear
 from mxcheck.gemm import quantize_operand
 from mxcheck.recipes import get_recipe
@@ -71,7 +70,7 @@ def _only(monkeypatch, family, dtypes):
 def test_the_oracles_values_pass_whatever_the_payload_and_sign_of_their_nans(monkeypatch):
     _only(monkeypatch, "inf-nan", (torch.float32, torch.bfloat16))
     backend = OtherNaNs()
-    assert check_fake_quantize(backend, get_recipe("nvfp4-1x16"), torch.Generator().manual_seed(0)) is None
+    assert basic.check_quantize(backend, get_recipe("nvfp4-1x16"), torch.Generator().manual_seed(0)) is None
     assert len(backend.calls) == 4  # x_row and w_row, in float32 and bfloat16
     exact = OracleValues()
     one = exact.fake_quantize(torch.tensor([[float("nan")] + [1.0] * 15]), get_recipe("nvfp4-1x16").x_row)
@@ -85,9 +84,9 @@ def test_a_cast_to_bf16_that_truncates_fails_and_the_failure_states_the_cast_the
     _only(monkeypatch, "bf16", (torch.bfloat16,))
     monkeypatch.setattr(values, "training_like", lambda gen, rows, cols, spec, **kw: torch.randn(rows, cols, generator=gen))
     recipe = get_recipe("fp8-tensorwise")
-    assert check_fake_quantize(OracleValues(), recipe, torch.Generator().manual_seed(0)) is None
+    assert basic.check_quantize(OracleValues(), recipe, torch.Generator().manual_seed(0)) is None
     with pytest.raises(NumericsError) as e:
-        check_fake_quantize(TruncatingCast(), recipe, torch.Generator().manual_seed(0))
+        basic.check_quantize(TruncatingCast(), recipe, torch.Generator().manual_seed(0))
     head = str(e.value).splitlines()[0]
     assert head.startswith("fake_quantize of recipe fp8-tensorwise, backend oracle-values: 2 of 2 comparisons")
     assert "cast to the kernel's dtype with round-to-nearest-even, any NaN equal to any NaN" in head
@@ -96,7 +95,7 @@ def test_a_cast_to_bf16_that_truncates_fails_and_the_failure_states_the_cast_the
 def test_a_wrong_scale_rule_fails_on_values_and_the_behaviour_is_named(monkeypatch):
     _only(monkeypatch, "bf16", (torch.float32,))
     with pytest.raises(NumericsError) as e:
-        check_fake_quantize(CeilRule(), get_recipe("ocp-mxfp8-e4m3"), torch.Generator().manual_seed(0))
+        basic.check_quantize(CeilRule(), get_recipe("ocp-mxfp8-e4m3"), torch.Generator().manual_seed(0))
     lines = str(e.value).splitlines()
     assert lines[1] == "cause:"
     assert "differing blocks examined are reproduced by: ceil scale rule" in lines[2]
@@ -115,7 +114,7 @@ def test_values_in_another_dtype_or_shape_fail_naming_both(monkeypatch, returned
             v = super().fake_quantize(x, spec)
             return v.double() if returned is torch.float64 else v[:, :256]
     with pytest.raises(NumericsError, match=match):
-        check_fake_quantize(Wrong(), get_recipe("ocp-mxfp8-e4m3"), torch.Generator().manual_seed(0))
+        basic.check_quantize(Wrong(), get_recipe("ocp-mxfp8-e4m3"), torch.Generator().manual_seed(0))
 
 
 def test_a_fake_quant_backends_linear_quantizes_all_six_copies_with_its_fake_quantize():
