@@ -44,7 +44,7 @@ __all__ = ["VALUES_ROUNDING", "ValuesDiff", "attribute_values", "check_fake_quan
 # failure and in the contract.
 VALUES_ROUNDING = "the oracle's float32 dequantized values cast to the kernel's dtype with round-to-nearest-even"
 EXAMPLES = 4  # differing elements shown per comparison
-ATTRIBUTED = 4  # differing comparisons that attribution runs on (the rest get their counts)
+ATTRIBUTED = 4  # differing comparisons attribution runs on (and the first of each input family)
 
 
 def oracle_values(q: Any, dtype: torch.dtype) -> torch.Tensor:
@@ -236,12 +236,18 @@ def _report(diffs: list[ValuesDiff], compared: int, head: str) -> str:
             named.setdefault(a.behaviour.describe(), [0, 0])
             named[a.behaviour.describe()][0] += a.reproduced
             named[a.behaviour.describe()][1] += a.differing
-    if named:
+    examined = [d for d in diffs if d.attributions or d.unexplained]
+    unexplained = sum(d.unexplained for d in examined)
+    total = sum(len(d.differing_blocks()) for d in examined)
+    if examined:
         out.append("cause:")
-        out += [f"  {rep:,} of the {tot:,} differing {first.unit} examined are reproduced by: {what}"
-                for what, (rep, tot) in sorted(named.items(), key=lambda kv: -kv[1][0])[:3]]
-    for i, d in enumerate(diffs):
-        out += _diagnose(d, i < ATTRIBUTED)
+        out += [f"  {rep:,} of the {total:,} differing {first.unit} examined are reproduced by: {what}"
+                for what, (rep, _) in sorted(named.items(), key=lambda kv: -kv[1][0])[:3]]
+        if unexplained:
+            out.append(f"  {unexplained:,} of the {total:,} differing {first.unit} examined are reproduced by no known "
+                       "behaviour")
+    for d in diffs:
+        out += _diagnose(d, bool(d.attributions or d.unexplained))
     return "\n".join(out)
 
 
@@ -281,7 +287,9 @@ def check_fake_quantize(backend: Any, recipe: Recipe, gen: torch.Generator, nume
                         raise NumericsError(out.message)
                     d = ValuesDiff(name, text, spec, t.detach().cpu(), _cpu(ours), want.cpu(),
                                    same_nans(got.detach().cpu(), want.cpu()))
-                    if len(differing) < ATTRIBUTED:
+                    # the first comparisons, and the first of each input family (another family
+                    # often shows another cause: zero signs, NaN policy)
+                    if len(differing) < ATTRIBUTED or all(not e.label.startswith(what + " ") for e in differing):
                         first = tuple(a.behaviour for e in differing if e.spec == spec for a in e.attributions)
                         attribute_values(d, QUANTIZE_BEHAVIOURS, tuple(dict.fromkeys(first)))
                         lines = render_attributions(d.attributions, len(d.differing_blocks()), d.unexplained, d.unit)
