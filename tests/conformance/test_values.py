@@ -140,3 +140,9 @@ def test_checks_that_need_codes_say_why_on_a_fake_quant_backend():
     assert out == {"poison_padding": "skipped: needs codes (quantize) or a gemm that reads padded operands: the "
                                      "backend returns values (fake_quantize), which have no padding",
                    "gemm": "skipped: backend has no gemm"}
+
+
+def test_quant_linear_takes_a_quantizer_or_none_and_names_anything_else():
+    x, w = torch.ones(4, 32), torch.ones(8, 32)
+    with pytest.raises(TypeError, match=r"layer linear: quantize=3 \(int\); expected a callable quantize\(x, spec"):
+        quant_linear(x, w, None, "nvfp4-1x16", quantize=3)
