@@ -261,6 +261,10 @@ def test_a_recipe_file_takes_a_profile_as_a_recipe_name_does(tmp_path):
     assert {pinned.spec(op).profile for op in OPERANDS} == {"modelopt.nvfp4"}
     assert replace(pinned, name="x", source="") == replace(get_recipe("nvfp4-1x16@modelopt.nvfp4"), name="x",
                                                              source="", notes=())
+    # a profile under `all:` in the file pins the same copies the same way
+    inline = tmp_path / "inline.yaml"
+    inline.write_text("name: my-nvfp4\nall: {fmt: e2m1, scaling: nvfp4, block_size: 16, profile: modelopt.nvfp4}\n")
+    assert [load_recipe_file(inline).spec(op) for op in OPERANDS] == [pinned.spec(op) for op in OPERANDS]
     with pytest.raises(ValueError, match=r"'modelopt\.nvfp' is not a known profile; did you mean 'modelopt\.nvfp4'"):
         resolve_recipe(f"{path}@modelopt.nvfp")
     with pytest.raises(ValueError, match="no such file"):
