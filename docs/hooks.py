@@ -1,7 +1,15 @@
-"""MkDocs hook: the tables the code owns are rendered from it at build time, never copied.
+"""The tables the code owns, rendered from it and committed into the Markdown, never copied.
 
-A page asks for one with a line ``<!-- generated: NAME -->``; NAME is a key of ``TABLES``.
-An unknown name fails the build, so a renamed table cannot leave a page silently empty.
+A page holds each one between ``<!-- generated: NAME -->`` and ``<!-- end generated: NAME -->``
+(NAME a key of ``TABLES``), so a reader of the Markdown sees the table too. The MkDocs hook
+renders every block afresh at build time; ``tests/test_docs_tables.py`` fails when a
+committed one differs from what the code renders, and
+
+    python docs/hooks.py           # rewrite every stale block under docs/ (and fill bare markers)
+    python docs/hooks.py --check   # exit 1 naming the stale ones
+
+An unknown name, or a marker without its table, fails the build, so a renamed table cannot
+leave a page silently empty.
 """
 
 from __future__ import annotations
@@ -11,15 +19,20 @@ import re
 import sys
 from pathlib import Path
 
-from mxcheck import false_failure as ff
-from mxcheck.conformance.inputs import families_table
-from mxcheck.diagnose import CATALOGUE, NOT_BLOCK_BEHAVIOURS
-from mxcheck.divergence import DIVERGENCE_TABLE
-from mxcheck.profiles import ALL_PROFILES
-from mxcheck.recipes import DERIVED_RECIPES, OCP_MX_RECIPES, RECIPES
-
 ROOT = Path(__file__).resolve().parents[1]
+if __name__ == "__main__":  # run as a script: this checkout's mxcheck, not an installed one
+    sys.path.insert(0, str(ROOT))
+
+from mxcheck import false_failure as ff  # noqa: E402
+from mxcheck.conformance.inputs import families_table  # noqa: E402
+from mxcheck.diagnose import CATALOGUE, NOT_BLOCK_BEHAVIOURS  # noqa: E402
+from mxcheck.divergence import DIVERGENCE_TABLE  # noqa: E402
+from mxcheck.profiles import ALL_PROFILES  # noqa: E402
+from mxcheck.recipes import DERIVED_RECIPES, OCP_MX_RECIPES, PLAIN_RECIPES, RECIPES  # noqa: E402
+
 MARK = re.compile(r"^<!-- generated: ([a-z-]+) -->$", re.MULTILINE)
+# A marker, its table, and the end marker naming the same table.
+BLOCK = re.compile(r"^<!-- generated: ([a-z-]+) -->\n(.*?)^<!-- end generated: \1 -->$", re.MULTILINE | re.DOTALL)
 
 
 def _md_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
@@ -49,6 +62,10 @@ def _recipes(recipes: dict) -> str:
 
 def recipes() -> str:
     return _recipes(RECIPES)
+
+
+def plain_recipes() -> str:
+    return _recipes(PLAIN_RECIPES)
 
 
 def ocp_recipes() -> str:
@@ -106,14 +123,61 @@ def catalogue() -> str:
     return table + "\nDivergence cases no behaviour executes, and why:\n\n" + why
 
 
-TABLES = {"catalogue": catalogue, "recipes": recipes, "ocp-recipes": ocp_recipes, "derived-recipes": derived_recipes,
+TABLES = {"catalogue": catalogue, "recipes": recipes, "plain-recipes": plain_recipes, "ocp-recipes": ocp_recipes,
+          "derived-recipes": derived_recipes,
           "profiles": profiles, "divergence": divergence, "layers": layers, "false-failure": false_failure,
           "families": families_table}
 
 
+def _table(name: str, where: str) -> str:
+    if name not in TABLES:
+        raise KeyError(f"{where}: no generated table {name!r}; known: {sorted(TABLES)}")
+    return TABLES[name]()
+
+
+def _block(name: str, body: str) -> str:
+    # blank lines around the table: GitHub and MkDocs both read it as a table, not HTML
+    return f"<!-- generated: {name} -->\n\n{body}\n<!-- end generated: {name} -->"
+
+
+def render(markdown: str, where: str) -> str:
+    """The page with every generated block holding what the code renders now; a bare marker
+    (no end marker) gets its block."""
+    out = BLOCK.sub(lambda m: _block(m.group(1), _table(m.group(1), where)), markdown)
+    spans = [m.span() for m in BLOCK.finditer(out)]
+    bare = [m for m in MARK.finditer(out) if not any(a <= m.start() < b for a, b in spans)]
+    for m in reversed(bare):
+        out = out[: m.start()] + _block(m.group(1), _table(m.group(1), where)) + out[m.end():]
+    return out
+
+
+def stale_pages(docs: Path = ROOT / "docs") -> list[Path]:
+    """Markdown files under ``docs`` (and the README) whose generated blocks are not what the
+    code renders now, or that hold a marker without its table."""
+    pages = [*sorted(docs.rglob("*.md")), ROOT / "README.md"]
+    return [p for p in pages if p.is_file() and render(p.read_text(), str(p)) != p.read_text()]
+
+
 def on_page_markdown(markdown: str, page, config, files) -> str:
-    def render(m: re.Match) -> str:
-        if m.group(1) not in TABLES:
-            raise KeyError(f"{page.file.src_path}: no generated table {m.group(1)!r}; known: {sorted(TABLES)}")
-        return TABLES[m.group(1)]()
-    return MARK.sub(render, markdown)
+    where = page.file.src_path
+    spans = [m.span() for m in BLOCK.finditer(markdown)]
+    bare = [m.group(1) for m in MARK.finditer(markdown) if not any(a <= m.start() < b for a, b in spans)]
+    if bare:
+        raise KeyError(f"{where}: <!-- generated: {bare[0]} --> has no table under it; run python docs/hooks.py")
+    return BLOCK.sub(lambda m: _table(m.group(1), where), markdown)  # the site shows what the code renders now
+
+
+def main(argv: list[str] | None = None) -> int:
+    check = "--check" in (sys.argv[1:] if argv is None else argv)
+    stale = stale_pages()
+    for path in stale:
+        if check:
+            print(f"{path.relative_to(ROOT)}: generated tables are stale; run python docs/hooks.py")
+        else:
+            path.write_text(render(path.read_text(), str(path)))
+            print(f"{path.relative_to(ROOT)}: generated tables rewritten")
+    return 1 if check and stale else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -39,6 +39,7 @@ from mxcheck.report.outcomes import (
     SKIP_KIND_KEY,
     SKIP_KINDS,
     counts_text,
+    not_run_lines,
     outcome_record,
     skip_summary,
 )
@@ -292,6 +293,8 @@ class Collector:
                       f"{len(self.witness_drifts)} witness drifts")
         if self.skipped:
             tr.write_line(f"{len(self.skipped)} tests skipped: {skip_summary(self.skipped)}")
+            for line in not_run_lines(self.skipped):  # what the backend lacks, once per reason
+                tr.write_line(line)
         for d in sorted(self.witness_drifts, key=lambda d: d["test_id"]):
             tr.write_line(f"{d['test_id']}: {d['reason']}")
         if missing:

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import yaml
 
+from mxcheck.profiles import ALL_PROFILES
 from mxcheck.recipes import OPERANDS, OperandSpec, Recipe, get_recipe
 from mxcheck.text import did_you_mean
 
@@ -115,12 +116,23 @@ def load_recipe_file(path: str | Path) -> Recipe:
 
 
 def resolve_recipe(claim: str | Path | Recipe) -> Recipe:
-    """A claim as a Recipe: a Recipe, a built-in name (``ocp-mxfp8-e4m3``, ``mxfp4+sr``), or
-    the path of a recipe file. ValueError names the claim and the nearest known name."""
+    """A claim as a Recipe: a Recipe, a built-in name (``ocp-mxfp8-e4m3``, ``mxfp4+sr``), the
+    path of a recipe file, or either followed by ``@PROFILE`` (``my.yaml@modelopt.nvfp4``: the
+    file's recipe pinned to the profile, as ``NAME@PROFILE`` pins a built-in one). ValueError
+    names the claim and the nearest known name."""
     if isinstance(claim, Recipe):
         return claim
     if isinstance(claim, Path) or str(claim).endswith(RECIPE_FILE_SUFFIXES):
         return load_recipe_file(claim)
+    if isinstance(claim, str) and "@" in claim:
+        base, _, profile = claim.rpartition("@")
+        if base.endswith(RECIPE_FILE_SUFFIXES):
+            recipe = load_recipe_file(base)
+            if profile not in ALL_PROFILES:
+                raise ValueError(f"recipe={claim!r}: {profile!r} is not a known profile"
+                                 f"{did_you_mean(profile, list(ALL_PROFILES))}; known profiles: "
+                                 f"{', '.join(ALL_PROFILES)}")
+            return recipe.with_profile(profile)
     if not isinstance(claim, str):
         raise TypeError(f"claim={claim!r}: expected a recipe name, a recipe file path or a Recipe")
     return get_recipe(claim)

@@ -27,7 +27,8 @@ from mxcheck.scaling.mx import MX_ELEMENT_FORMATS
 from mxcheck.scaling.rules import SCALE_RULES
 from mxcheck.text import did_you_mean
 
-__all__ = ["DERIVED_RECIPES", "GEMMS", "GEMM_DIRECTIONS", "LINEAR_DIRECTIONS", "OCP_MX_RECIPES", "OPERANDS", "RECIPES", "SCALINGS", "OperandSpec", "Recipe", "get_recipe"]
+__all__ = ["DERIVED_RECIPES", "GEMMS", "GEMM_DIRECTIONS", "LINEAR_DIRECTIONS", "OCP_MX_RECIPES", "OPERANDS",
+           "PLAIN_RECIPES", "RECIPES", "SCALINGS", "OperandSpec", "Recipe", "get_recipe"]
 
 OPERANDS = ("x_row", "w_row", "g_row", "w_col", "g_col", "x_col")
 # gemm -> (a operand, b operand, name of the contraction dim)
@@ -83,8 +84,27 @@ class OperandSpec:
     def quantized(self) -> bool:
         return self.scaling != "none"
 
+    def describe(self) -> str:
+        """What this copy does, in a few words: format, scaling, block and scale rule (MX,
+        NVFP4) or scale formula (FP8), rounding, rotation, and any field off its default."""
+        if not self.quantized:
+            return f"{self.fmt}, not quantized"
+        parts = [self.fmt, self.scaling]
+        if self.scaling in ("mx", "nvfp4"):
+            parts.append(f"{self.block_size}x{self.block_size} blocks" if self.block_2d else f"1x{self.block_size} blocks")
+            if self.scaling == "mx":
+                parts.append(f"scale rule {self.scale_rule}")
+        elif self.scaling != "delayed":
+            parts.append(f"scale formula {self.scale_formula}")
+        parts.append(self.rounding)
+        parts += [f"{name}={getattr(self, name)!r}" for name in ("hadamard", "zero_scale", "pad_to", "margin",
+                                                                 "power_of_2", "profile")
+                  if getattr(self, name) != _DEFAULTS[name]]
+        return ", ".join(parts)
+
 
 _BF16 = OperandSpec()
+_DEFAULTS = {f: getattr(_BF16, f) for f in OperandSpec.__dataclass_fields__}
 
 
 @dataclass(frozen=True)
@@ -210,6 +230,29 @@ OCP_MX_RECIPES: dict[str, Recipe] = {r.name: r for r in (
                       ("ocp-mxfp8-e4m3", "e4m3"), ("ocp-mxfp8-e5m2", "e5m2")))}
 
 
+# Plain recipes: a format as its specification states it, with none of one training stack's
+# extras (2D weight tiles, rotations, stochastic rounding, delayed scaling). What inference
+# and QAT libraries compute, and what a fake-quant kernel usually claims.
+PLAIN_RECIPES: dict[str, Recipe] = {r.name: r for r in (
+    Recipe("nvfp4-1x16", **_all(_NVFP4),
+           source="NVIDIA NVFP4 as specified for inference and QAT (TensorRT Model Optimizer "
+                  "nvfp4_tensor.py, 'Pretraining LLMs with NVFP4' arXiv:2509.25149 section 2): e2m1 "
+                  "elements, 1x16 blocks, ue4m3 block scales, an fp32 tensor scale amax / (6 * 448)",
+           notes=("every copy (x_row, w_row, g_row, w_col, g_col, x_col): e2m1 in 1x16 blocks along its "
+                  "contraction axis, RNE, no rotation, no stochastic rounding",
+                  "the built-in `nvfp4` is TransformerEngine's training recipe instead: 2D 16x16 weight "
+                  "blocks, RHT on the wgrad pair, SR on the gradients")),
+    Recipe("fp8-tensorwise", **_all(OperandSpec("e4m3", "tensor", scale_formula="te")),
+           source="FP8 current (per-tensor) scaling with TransformerEngine's compute_scale_from_amax: "
+                  "scale = 448 / amax in float32, amax 0/Inf/NaN gives scale 1 (TE Float8CurrentScaling "
+                  "with fp8_format=E4M3; torchao Float8LinearConfig tensorwise)",
+           notes=("every copy: e4m3 tensorwise, one float32 scale per operand copy, RNE, saturating; no "
+                  "delayed scaling (no amax history)",
+                  "the built-in `fp8` is Primus-Turbo's formula instead: 448 / max(amax, 1e-12), so an "
+                  "all-zero or NaN tensor gets another scale than here")),
+)}
+
+
 def _takes_gradient_sr(recipe: Recipe) -> bool:
     """Both gradient copies are MX or NVFP4 (the scalings with an SR path) and not SR already."""
     return all(recipe.spec(op).scaling in ("mx", "nvfp4") and recipe.spec(op).rounding != "sr"
@@ -222,12 +265,12 @@ DERIVED_RECIPES: dict[str, Recipe] = {r.name: r for r in (
 
 
 def get_recipe(recipe: str | Recipe) -> Recipe:
-    """A recipe by name: one of RECIPES, DERIVED_RECIPES (``mxfp4+sr``, ...) or OCP_MX_RECIPES,
+    """A recipe by name: one of RECIPES, PLAIN_RECIPES, DERIVED_RECIPES (``mxfp4+sr``, ...) or OCP_MX_RECIPES,
     or ``NAME@PROFILE`` (``mxfp8@torchao.floor``): that recipe pinned to a profile. An unknown
     name is a ValueError naming the nearest known one."""
     if isinstance(recipe, Recipe):
         return recipe
-    tables = (RECIPES, DERIVED_RECIPES, OCP_MX_RECIPES)
+    tables = (RECIPES, PLAIN_RECIPES, DERIVED_RECIPES, OCP_MX_RECIPES)
     known = [name for table in tables for name in table]
     if isinstance(recipe, str) and "@" in recipe:  # NAME@PROFILE: Recipe.with_profile
         base, _, profile = recipe.partition("@")
@@ -242,4 +285,4 @@ def get_recipe(recipe: str | Recipe) -> Recipe:
         if isinstance(recipe, str) and recipe in table:
             return table[recipe]
     raise ValueError(f"recipe={recipe!r} is not known{did_you_mean(str(recipe), known)}; expected one of "
-                     f"{sorted(RECIPES)}, {sorted(OCP_MX_RECIPES)} or {sorted(DERIVED_RECIPES)}")
+                     f"{sorted(RECIPES)}, {sorted(PLAIN_RECIPES)}, {sorted(OCP_MX_RECIPES)} or {sorted(DERIVED_RECIPES)}")

@@ -247,3 +247,35 @@ def test_mxcheck_conform_exits_1_when_nothing_was_judged(under_test, capsys, fac
     out = capsys.readouterr().out
     assert got == code, out
     assert ("nothing was judged" in out) == (code == 1), out
+
+
+# ---- FILE@PROFILE -------------------------------------------------------------------------
+
+def test_a_recipe_file_takes_a_profile_as_a_recipe_name_does(tmp_path):
+    path = tmp_path / "my_nvfp4.yaml"
+    path.write_text("name: my-nvfp4\nall: {fmt: e2m1, scaling: nvfp4, block_size: 16}\n")
+    pinned = resolve_recipe(f"{path}@modelopt.nvfp4")
+    # the file's recipe pinned the way NAME@PROFILE pins a built-in one
+    assert pinned == load_recipe_file(path).with_profile("modelopt.nvfp4")
+    assert pinned.name == "my-nvfp4@modelopt.nvfp4"
+    assert {pinned.spec(op).profile for op in OPERANDS} == {"modelopt.nvfp4"}
+    assert replace(pinned, name="x", source="") == replace(get_recipe("nvfp4-1x16@modelopt.nvfp4"), name="x",
+                                                             source="", notes=())
+    # a profile under `all:` in the file pins the same copies the same way
+    inline = tmp_path / "inline.yaml"
+    inline.write_text("name: my-nvfp4\nall: {fmt: e2m1, scaling: nvfp4, block_size: 16, profile: modelopt.nvfp4}\n")
+    assert [load_recipe_file(inline).spec(op) for op in OPERANDS] == [pinned.spec(op) for op in OPERANDS]
+    with pytest.raises(ValueError, match=r"'modelopt\.nvfp' is not a known profile; did you mean 'modelopt\.nvfp4'"):
+        resolve_recipe(f"{path}@modelopt.nvfp")
+    with pytest.raises(ValueError, match="no such file"):
+        resolve_recipe(f"{tmp_path / 'absent.yaml'}@modelopt.nvfp4")
+    with pytest.raises(ValueError, match=r"has no operand of scaling 'nvfp4'"):
+        resolve_recipe(f"{HERE / 'my_mxfp8.yaml'}@te.nvfp4")
+
+
+def test_a_backend_may_claim_a_recipe_file_pinned_to_a_profile(tmp_path):
+    path = tmp_path / "plain_mxfp8.yaml"
+    path.write_text("name: plain-mxfp8\nall: {fmt: e4m3, scaling: mx}\n")
+    claims = claims_of(type("B", (), {"name": "b", "claims": [f"{path}@torchao.floor"]})())
+    assert [(c.recipe.name, c.recipe.x_row.profile, c.by) for c in claims] == \
+        [("plain-mxfp8@torchao.floor", "torchao.floor", "backend")]

@@ -29,7 +29,7 @@ DATA = ROOT / "tests" / "test_report"
 SMALL = DATA / "small.json"
 BASELINE = DATA / "baseline.json"
 COMMAND_NAMES = ["conform", "info", "formats", "report", "compare", "divergence", "lint", "tuned-coverage",
-                 "aiter-log", "shapes", "sweep", "thresholds", "stats"]
+                 "aiter-log", "shapes", "sweep", "thresholds", "stats", "recipes", "profiles"]
 
 
 def assert_one_line_error(err: str, *needles: str) -> None:
@@ -375,3 +375,45 @@ def test_an_unexpected_exception_is_exit_2_with_one_line_naming_the_inputs(
     code, _, err = run_cli(capsys, "info")  # no file arguments: nothing to name
     assert code == 2
     assert_one_line_error(err, "mxcheck info: error: unexpected ZeroDivisionError: division by zero")
+
+
+# ---- recipes and profiles -------------------------------------------------------------------
+
+def test_recipes_lists_every_built_in_recipe_with_its_source_and_each_copy(capsys: pytest.CaptureFixture[str]) -> None:
+    from mxcheck.recipes import DERIVED_RECIPES, OCP_MX_RECIPES, OPERANDS, PLAIN_RECIPES, RECIPES
+
+    code, out, _ = run_cli(capsys, "recipes", "--json")
+    rows = json.loads(out)
+    assert code == 0
+    assert [r["name"] for r in rows] == [*RECIPES, *PLAIN_RECIPES, *OCP_MX_RECIPES, *DERIVED_RECIPES]
+    assert all(r["source"] and list(r["operands"]) == list(OPERANDS) for r in rows)
+    plain = next(r for r in rows if r["name"] == "nvfp4-1x16")
+    assert set(plain["operands"].values()) == {"e2m1, nvfp4, 1x16 blocks, rne"}
+    te = next(r for r in rows if r["name"] == "nvfp4")
+    assert te["operands"]["w_row"] == "e2m1, nvfp4, 16x16 blocks, rne"
+    assert te["operands"]["g_col"] == "e2m1, nvfp4, 1x16 blocks, sr, hadamard='h16_te'"
+    code, text, _ = run_cli(capsys, "recipes")
+    assert code == 0 and "\nnvfp4-1x16\n  source: NVIDIA NVFP4" in text
+    assert "    w_row  e2m1, nvfp4, 16x16 blocks, rne\n" in text
+
+
+def test_profiles_lists_every_profile_and_prints_every_field_of_one(capsys: pytest.CaptureFixture[str]) -> None:
+    import dataclasses
+
+    from mxcheck.profiles import ALL_PROFILES
+
+    code, out, _ = run_cli(capsys, "profiles")
+    assert code == 0 and all(re.search(rf"^{re.escape(n)} ", out, re.MULTILINE) for n in ALL_PROFILES)
+    code, out, _ = run_cli(capsys, "profiles", "modelopt.nvfp4", "--json")
+    fields = json.loads(out)["modelopt.nvfp4"]
+    assert code == 0
+    assert list(fields) == ["kind", "scaling", *(f.name for f in dataclasses.fields(ALL_PROFILES["modelopt.nvfp4"]))]
+    assert (fields["kind"], fields["zero_sign"], fields["block_scale_min"]) == ("NVFP4Profile", "negative_values", 2**-9)
+    code, out, _ = run_cli(capsys, "profiles", "te.mxfp8")
+    assert code == 0 and re.search(r"^scale_rule +'rceil'$", out, re.MULTILINE), out
+
+
+def test_an_unknown_profile_is_a_one_line_error_naming_the_nearest(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_cli(capsys, "profiles", "modelopt.nvfp")
+    assert code == 2
+    assert_one_line_error(err, "profile 'modelopt.nvfp' is not known; did you mean 'modelopt.nvfp4'?")

@@ -43,6 +43,52 @@ def _conform(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.Cap
     return code, captured.out + captured.err, data
 
 
+OUTPUT = re.compile(r"^<!-- output: ([a-z-]+)[^>]*-->\n\n```text\n(.*?)^```$", re.MULTILINE | re.DOTALL)
+DOCS = EXAMPLES.parent
+
+
+def pasted(name: str) -> list[tuple[str, list[str]]]:
+    """(page, lines) of every ```text block in docs/ marked ``<!-- output: NAME -->``."""
+    return [(p.name, m.group(2).splitlines()) for p in sorted(DOCS.glob("*.md"))
+            for m in OUTPUT.finditer(p.read_text()) if m.group(1) == name]
+
+
+def assert_pasted_output_is_current(name: str, out: str) -> None:
+    """Every line of each block pasted as ``name`` is in ``out``, in order: a line is split
+    at ``...`` (what the page shortened) and its pieces must appear, in order, in one line of
+    the output; a line of ``...`` alone is skipped."""
+    blocks = pasted(name)
+    assert blocks, f"no block <!-- output: {name} --> in docs/"
+    for page, lines in blocks:
+        at, got = 0, out.splitlines()
+        for line in lines:
+            pieces = [p.strip() for p in line.split("...") if p.strip()]
+            if not pieces:
+                continue
+            while at < len(got) and not _has_in_order(got[at], pieces):
+                at += 1
+            assert at < len(got), f"docs/{page}, output {name!r}: {line!r} is not in the output (in order)\n{out}"
+            at += 1
+
+
+def _has_in_order(line: str, pieces: list[str]) -> bool:
+    pos = 0
+    for piece in pieces:
+        pos = line.find(piece, pos)
+        if pos < 0:
+            return False
+        pos += len(piece)
+    return True
+
+
+def test_every_output_block_in_the_docs_is_checked_by_a_test():
+    checked = {"toy-mx", "toy-mx-buggy", "toy-refuses", "not-importable"}  # the tests below
+    marked = {m.group(1) for p in DOCS.glob("*.md") for m in OUTPUT.finditer(p.read_text())}
+    assert marked == checked
+    text_blocks = sum(p.read_text().count("```text\n") for p in DOCS.glob("*.md"))
+    assert text_blocks == sum(len(pasted(n)) for n in checked), "a ```text block without <!-- output: NAME -->"
+
+
 def _failed(records: list[dict]) -> list[dict]:
     return [r for r in records if not r["passed"]]
 
@@ -58,6 +104,7 @@ def test_example_backend_passes_the_whole_suite_on_ocp_mxfp8_e4m3(tmp_path, monk
     assert {s["kind"] for s in report["skipped"]} <= {"not_applicable"}, report["skipped"]
     # the input family that catches the seeded bug was compared, bit for bit, and matched
     assert any(r["layer"] == "x_row.scales (amax input)" and r["bit_equal"] for r in records)
+    assert_pasted_output_is_current("toy-mx", out)
 
 
 def test_buggy_example_fails_quantize_on_the_amax_inputs_with_the_scale_one_binade_high(tmp_path, monkeypatch, capsys):
@@ -73,6 +120,32 @@ def test_buggy_example_fails_quantize_on_the_amax_inputs_with_the_scale_one_bina
     # failure names the behaviour that reproduces every differing block
     assert "scales: kernel 0xdb (2^92) | oracle 0xda (2^91)" in out
     assert re.search(r"([\d,]+) of \1 differing blocks are reproduced by: block exponent from a float32 log2", out)
+    assert_pasted_output_is_current("toy-mx-buggy", out)
+
+
+def test_a_refused_quantize_is_counted_as_refused_as_the_guide_shows(tmp_path, monkeypatch, capsys):
+    (tmp_path / "toy_refuses.py").write_text(
+        "from mxcheck.backends import Refusal\nfrom toy_mx import ToyMX\n\n\n"
+        "class ToyRefuses(ToyMX):\n    name = 'toy-refuses'\n\n"
+        "    def quantize(self, x, spec, *, state=None):\n        raise Refusal('quantize is not written yet')\n\n\n"
+        "def make_backend():\n    return ToyRefuses()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, out, _ = _conform(tmp_path, monkeypatch, capsys, "toy_refuses:make_backend", "-k", "quantize or shapes")
+    assert code == 0, out
+    assert_pasted_output_is_current("toy-refuses", out)
+
+
+def test_buggy_fake_quant_example_fails_on_values_and_names_the_seeded_bug(tmp_path, monkeypatch, capsys):
+    # The example's whole suite passing, and this variant failing, from the wheel: steps of .ci/run.
+    code, out, report = _conform(tmp_path, monkeypatch, capsys, "toy_fq:make_buggy_backend", "-k", "quantize")
+    assert code == 1, out
+    failed = _failed(report["records"])
+    assert sorted(r["layer"] for r in failed) == ["w_row.values (amax input)", "x_row.values (amax input)"], failed
+    # every other comparison of values (bf16 inputs in each dtype, Inf/NaN) passed: only the bug differs
+    assert sum(r["passed"] and ".values (" in r["layer"] for r in report["records"]) == 14
+    # the cause is found from the values alone: no codes, no scales
+    assert re.search(r"cause:\n\S* +([\d,]+) of the \1 differing blocks examined are reproduced by: block exponent "
+                     r"from a float32 log2", out), out
 
 
 @pytest.fixture
@@ -100,10 +173,16 @@ def test_example_supports_no_recipe_beyond_plain_ocp_mx_and_says_which_field(toy
         (False, "x_row: fmt=e2m3 scaling=mx: only MX e2m1 and e4m3 are implemented")
 
 
-def test_a_backend_module_that_is_not_importable_is_named_with_how_to_make_it_importable():
+def test_a_backend_module_that_is_not_importable_is_named_with_how_to_make_it_importable(tmp_path, monkeypatch,
+                                                                                      capsys):
     with pytest.raises(BackendLoadError, match=r"cannot import 'no_such_kernels\.quant'.*put the directory that "
                                                r"holds 'no_such_kernels' on PYTHONPATH"):
         mxcheck.backends.get("no_such_kernels.quant:make_backend")
+    monkeypatch.chdir(tmp_path)
+    code = main(["conform", "--backend", "mymod:make_backend", "--recipe", "ocp-mxfp8-e4m3"])
+    captured = capsys.readouterr()
+    assert code != 0
+    assert_pasted_output_is_current("not-importable", captured.out + captured.err)
 
 
 def test_a_missing_dependency_inside_the_backend_module_gets_no_pythonpath_hint(tmp_path, monkeypatch):

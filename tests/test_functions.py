@@ -20,7 +20,7 @@ from mxcheck.functions import (
 from mxcheck.functions.linear import is_fp8_backward
 from mxcheck.gemm import emulated_gemm, quantize_operand
 from mxcheck.metrics import snr_db
-from mxcheck.recipes import LINEAR_DIRECTIONS, OCP_MX_RECIPES, RECIPES
+from mxcheck.recipes import LINEAR_DIRECTIONS, OCP_MX_RECIPES, PLAIN_RECIPES, RECIPES
 
 pytestmark = pytest.mark.emulated
 
@@ -41,7 +41,7 @@ SR_RECIPES = [RECIPES["nvfp4"], RECIPES["mxfp4"].with_gradient_sr()]
 
 
 def test_every_named_recipe_has_floors():
-    assert set(thresholds.LINEAR_SNR_FLOORS) == set(RECIPES) | set(OCP_MX_RECIPES)
+    assert set(thresholds.LINEAR_SNR_FLOORS) == set(RECIPES) | set(PLAIN_RECIPES) | set(OCP_MX_RECIPES)
 
 
 def inputs(gen: torch.Generator, m: int = M, n: int = N, k: int = K):

@@ -163,3 +163,17 @@ def test_a_failure_record_keeps_the_lines_that_name_its_cause():
     assert outcomes._message(report).splitlines() == [
         "gemm of recipe mxfp4: outside the bound; 9 of 16 outputs",
         "9 of 9 differing outputs are reproduced by: fp4 nibble order swapped"]
+
+
+def test_what_a_backend_lacks_is_said_once_per_reason_with_the_checks_it_stopped():
+    from mxcheck.report.outcomes import not_run_lines
+
+    why = "backend has neither linear, gemm nor fake_quantize"
+    skipped = [{"test_id": f"t[{r}-{c}]", "reason": f"{c}: {why}", "kind": "not_applicable"}
+               for r in ("a", "b") for c in ("linear", "nan")]
+    skipped += [{"test_id": "t[a-gemm]", "reason": "gemm: backend has no gemm", "kind": "not_applicable"},
+                {"test_id": "t[a-sr]", "reason": "sr_seeded: recipe a has no stochastic rounding",
+                 "kind": "not_applicable"},
+                {"test_id": "t[a-x]", "reason": "x: backend has no gemm", "kind": "refused"}]
+    assert not_run_lines(skipped) == [f"could not run linear, nan (4 tests): {why}",
+                                      "could not run gemm (1 test): backend has no gemm"]

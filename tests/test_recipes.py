@@ -91,3 +91,34 @@ def test_unknown_recipe_and_operand_raise():
         get_recipe("mxfp5")
     with pytest.raises(ValueError, match="operand='y_row'"):
         Recipe("r").spec("y_row")
+
+
+def test_nvfp4_1x16_is_plain_nvfp4_on_all_six_copies():
+    # NVFP4 as NVIDIA specifies it for inference and QAT: e2m1, 1x16 blocks, ue4m3 block scales
+    # with an fp32 tensor scale, RNE, no rotation, no 2D tiles, no stochastic rounding.
+    r = get_recipe("nvfp4-1x16")
+    assert {(s.fmt, s.scaling, s.block_size, s.block_2d, s.rounding, s.hadamard)
+            for s in (r.spec(op) for op in OPERANDS)} == {("e2m1", "nvfp4", 16, False, "rne", None)}
+
+
+def test_the_built_in_nvfp4_is_te_training_recipe_not_plain_nvfp4():
+    r = RECIPES["nvfp4"]
+    assert [op for op in OPERANDS if r.spec(op).block_2d] == ["w_row", "w_col"]
+    assert [op for op in OPERANDS if r.spec(op).rounding == "sr"] == ["g_row", "g_col"]
+    assert [op for op in OPERANDS if r.spec(op).hadamard] == ["g_col", "x_col"]
+    assert "TE" in r.source and "nvfp4" in get_recipe("nvfp4-1x16").notes[1]
+
+
+def test_fp8_tensorwise_is_e4m3_with_te_current_scaling_where_fp8_is_primus_turbos_formula():
+    plain, fp8 = get_recipe("fp8-tensorwise"), RECIPES["fp8"]
+    assert {(s.fmt, s.scaling, s.scale_formula, s.margin, s.power_of_2)
+            for s in (plain.spec(op) for op in OPERANDS)} == {("e4m3", "tensor", "te", 0, False)}
+    assert {fp8.spec(op).scale_formula for op in OPERANDS} == {"primus_turbo"}
+
+
+def test_plain_recipes_are_not_in_the_training_table_and_get_no_sr_variant():
+    from mxcheck.recipes import DERIVED_RECIPES, PLAIN_RECIPES
+
+    assert set(PLAIN_RECIPES) == {"nvfp4-1x16", "fp8-tensorwise"}
+    assert not set(PLAIN_RECIPES) & set(RECIPES)
+    assert "nvfp4-1x16+sr" not in DERIVED_RECIPES

@@ -114,10 +114,10 @@ def test_the_same_operands_floor_sits_above_every_anchor():
 
 
 def test_every_recipe_has_a_design_anchor_and_the_bias_gradient_floor_its_own():
-    from mxcheck.recipes import RECIPES
+    from mxcheck.recipes import PLAIN_RECIPES, RECIPES
 
-    assert set(thresholds.RECIPE_ANCHOR_FORMATS) == set(RECIPES)
-    assert set(thresholds.LINEAR_SNR_FLOORS) == set(RECIPES) | set(OCP_MX_RECIPES)
+    assert set(thresholds.RECIPE_ANCHOR_FORMATS) == set(RECIPES) | set(PLAIN_RECIPES)
+    assert set(thresholds.LINEAR_SNR_FLOORS) == set(RECIPES) | set(PLAIN_RECIPES) | set(OCP_MX_RECIPES)
     assert thresholds.BGRAD_FLOOR_DB >= thresholds.DESIGN_ANCHORS_DB["bgrad"]
     # the anchors as DESIGN.md states them
     assert thresholds.DESIGN_ANCHORS_DB == {"e2m1": 10.0, "e2m3": 24.0, "e4m3": 25.0, "e5m2": 20.0, "bgrad": 35.0}

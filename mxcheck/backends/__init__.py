@@ -21,6 +21,7 @@ from typing import Any
 
 from mxcheck.backends.contract import (
     Backend,
+    FakeQuantizeBackend,
     FullBackend,
     GemmBackend,
     LinearBackend,
@@ -36,6 +37,7 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "Backend",
     "BackendLoadError",
+    "FakeQuantizeBackend",
     "FullBackend",
     "GemmBackend",
     "LinearBackend",

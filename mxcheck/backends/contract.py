@@ -29,8 +29,8 @@ if TYPE_CHECKING:
     from mxcheck.recipes import OperandSpec, Recipe
     from mxcheck.scaling.fp8 import DelayedScaling
 
-__all__ = ["Backend", "FullBackend", "GemmBackend", "LinearBackend", "MissingDependency", "QuantizeBackend", "Refusal",
-           "version_problem"]
+__all__ = ["Backend", "FakeQuantizeBackend", "FullBackend", "GemmBackend", "LinearBackend", "MissingDependency",
+           "QuantizeBackend", "Refusal", "version_problem"]
 
 
 class Refusal(ValueError):
@@ -90,8 +90,9 @@ def version_problem(package: str, minimum: str | None = None, *, below: str | No
 @runtime_checkable
 class Backend(Protocol):
     """The thing under test. Only ``name``, ``available`` and ``supports`` are required; a
-    backend offers any of ``quantize``, ``gemm`` and ``linear``, and the checks that need a
-    method it lacks are skipped with that reason. Optional attributes:
+    backend offers any of ``quantize`` (codes), ``fake_quantize`` (values), ``gemm`` and
+    ``linear``, and the checks that need a method it lacks are skipped with that reason.
+    Optional attributes:
 
     ``claims``
         What the backend claims to compute bit for bit: recipe names (``"ocp-mxfp8-e4m3"``),
@@ -142,6 +143,10 @@ class QuantizeBackend(Backend, Protocol):
           repeated along the tile's rows as the oracle stores it).
         - ``"nvfp4"``: ``mxcheck.NVFP4Tensor``; ``codes`` e2m1 uint8 shaped like x,
           ``block_scales`` ue4m3 uint8 codes [rows, K / 16], ``tensor_scale`` float32.
+          A block whose scale byte is 0 (its amax underflows ue4m3) has code 0x7 / 0xF
+          (+-6: TransformerEngine multiplies by ``enc = FLT_MAX`` and saturates) for every
+          non-zero element and 0x0 / 0x8 for a zero; its values are +-0. NaN anywhere in x
+          makes ``tensor_scale`` NaN, every scale byte 0x7F and every code 0.
         - FP8 (``"tensor"``, ``"row"``, ``"block1x128"``, ``"block128x128"``, ``"delayed"``):
           ``mxcheck.FP8Tensor``; ``codes`` uint8 fp8 codes shaped like x, ``scale_inv``
           float32 dequantization multipliers: shape (), (rows, 1) or one per block.
@@ -152,6 +157,29 @@ class QuantizeBackend(Backend, Protocol):
         the low nibble the even index; fp6 four codes in three bytes. ``state`` is the
         operand's amax history for ``"delayed"`` specs (a ``DelayedScaling``), else None.
         A spec or shape it cannot take: raise :class:`Refusal`.
+        """
+        ...
+
+
+class FakeQuantizeBackend(Backend, Protocol):
+    """A backend that returns fake-quantized values instead of (or beside) codes, as QAT
+    toolkits and training-time fake-quant kernels do: judged on values
+    (``mxcheck.conformance.values``). Without ``gemm`` or ``linear`` its linears run through
+    the reference Function with ``fake_quantize`` as every operand copy's quantizer."""
+
+    def fake_quantize(self, x: torch.Tensor, spec: OperandSpec, *,
+                      state: DelayedScaling | None = None) -> torch.Tensor:
+        """The values of the 2D NT operand ``x`` [rows, K] quantized along its last axis as
+        ``spec`` says and dequantized: shaped like ``x``, in ``x``'s dtype or float32.
+
+        Compared bit for bit with the oracle's ``dequantize()`` (exact in float32; in the
+        rotated basis where ``spec.hadamard`` rotates), cast to the dtype returned with
+        round-to-nearest-even; any NaN equals any NaN (a NaN's sign and payload are not
+        compared). NVFP4: a NaN anywhere in ``x`` makes every value NaN (the tensor amax is
+        NaN, as TransformerEngine's reference); a block whose ue4m3 scale byte is 0 holds
+        +-0, each with its input's sign. MX: every value of a block whose E8M0 byte is 255
+        is NaN. ``state`` as for ``quantize``. A spec or shape it cannot take:
+        raise :class:`Refusal`.
         """
         ...
 
@@ -179,5 +207,5 @@ class LinearBackend(Backend, Protocol):
         ...
 
 
-class FullBackend(QuantizeBackend, GemmBackend, LinearBackend, Protocol):
-    """A backend with every method (the emulated backend is one)."""
+class FullBackend(QuantizeBackend, FakeQuantizeBackend, GemmBackend, LinearBackend, Protocol):
+    """A backend with every method (the emulated backend has all but ``fake_quantize``)."""

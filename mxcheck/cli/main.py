@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import NoReturn
 
 import mxcheck
-from mxcheck.cli import about, analysis, conform, deploy, flux, reports
+from mxcheck.cli import about, analysis, conform, deploy, flux, recipes, reports
 from mxcheck.cli.common import PROG, CommandError
 
 __all__ = ["COMMANDS", "Command", "build_parser", "main"]
@@ -49,6 +49,10 @@ COMMANDS: dict[str, Command] = {
                        reports.run_compare),
     "divergence": Command("where two profiles give different bits", analysis.divergence_args,
                           analysis.run_divergence),
+    "recipes": Command("every built-in recipe: its source and what each operand copy does",
+                       recipes.recipes_args, recipes.run_recipes),
+    "profiles": Command("the implementation profiles; with NAME, every field of one",
+                        recipes.profiles_args, recipes.run_profiles),
     "lint": Command("check a Flux training recipe (and launch env); exit 1 on an error",
                     deploy.lint_args, deploy.run_lint),
     "tuned-coverage": Command("which Flux GEMM shapes an AITER tuned CSV covers; exit 1 if "

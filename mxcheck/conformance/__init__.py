@@ -38,15 +38,16 @@ from mxcheck.conformance.sr import (
     check_sr_unbiased,
     sr_deviation_bound,
 )
-from mxcheck.recipes import DERIVED_RECIPES, OCP_MX_RECIPES, RECIPES, Recipe
+from mxcheck.recipes import DERIVED_RECIPES, OCP_MX_RECIPES, PLAIN_RECIPES, RECIPES, Recipe
 
 __all__ = ["CHECKS", "DEFAULT_RECIPES", "EDGE_SHAPES", "LINEAR_SNR_FLOORS", "SAME_OPERANDS_FLOOR_DB", "SR_DRAWS", "SR_FALSE_FAILURE",
            "check_gemm", "check_quantize", "edge_shape_outcome", "linear_of", "run_checks",
            "sr_deviation_bound"]
 
 # What conformance runs on a backend that states no claims (and --mxcheck-recipe is not given):
-# every built-in recipe, its derived SR variants and the OCP MX v1.0 recipes; supports() filters.
-DEFAULT_RECIPES: tuple[str, ...] = (*sorted(RECIPES), *sorted(DERIVED_RECIPES), *sorted(OCP_MX_RECIPES))
+# every built-in recipe, the plain ones, the derived SR variants and the OCP MX v1.0 recipes; supports() filters.
+DEFAULT_RECIPES: tuple[str, ...] = (*sorted(RECIPES), *sorted(PLAIN_RECIPES), *sorted(DERIVED_RECIPES),
+                                   *sorted(OCP_MX_RECIPES))
 
 CHECKS: dict[str, Callable[..., str | None]] = {
     "quantize": check_quantize,

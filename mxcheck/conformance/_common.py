@@ -14,8 +14,8 @@ from mxcheck.backends.contract import Refusal
 from mxcheck.conformance.inputs import training_like_cropped
 from mxcheck.diagnose.outputs import exact_and_bound, gemm_mismatch, outside_bound
 from mxcheck.functions import make_delayed_states, quant_linear
-from mxcheck.gemm import quantize_operand
-from mxcheck.recipes import GEMMS, OPERANDS, Recipe
+from mxcheck.gemm import PlainTensor, quantize_operand
+from mxcheck.recipes import GEMMS, OPERANDS, OperandSpec, Recipe
 from mxcheck.rng import seeded_default_rng
 
 # Floors for fwd / dgrad / wgrad SNR of a whole linear against float64 truth: one table,
@@ -55,7 +55,7 @@ def _fwd_operands(recipe: Recipe, x: torch.Tensor, w: torch.Tensor) -> tuple[Any
             quantize_operand(w, recipe.w_row, **fresh_state(recipe, "w_row")))
 
 
-NO_LINEAR = "backend has neither linear nor gemm"  # the skip reason of every linear check
+NO_LINEAR = "backend has neither linear, gemm nor fake_quantize"  # the skip reason of every linear check
 
 
 def _delayed(recipe: Recipe) -> bool:
@@ -65,13 +65,16 @@ def _delayed(recipe: Recipe) -> bool:
 def linear_of(backend: Any) -> Callable[..., torch.Tensor] | None:
     """``linear(x, w, b, recipe, states=None)`` of a backend: its own, or for a GEMM-only
     backend (Triton, ``torch._scaled_mm``) the reference Function running its GEMMs on the
-    oracle's operands. A delayed-scaling recipe gets ``states`` (fresh ones when None: a
+    oracle's operands, or for a fake-quant backend the reference Function on its values. A delayed-scaling recipe gets ``states`` (fresh ones when None: a
     first step, scale 1); other recipes never see the keyword."""
     if hasattr(backend, "linear"):
         base = backend.linear
     elif hasattr(backend, "gemm"):
         def base(x, w, b, recipe, **kw):
             return _reference_on_gemm(backend, x, w, b, recipe, **kw)
+    elif hasattr(backend, "fake_quantize"):  # its values as every operand copy (conformance.values)
+        def base(x, w, b, recipe, **kw):
+            return _reference_on_fake_quantize(backend, x, w, b, recipe, **kw)
     else:
         return None
 
@@ -113,6 +116,54 @@ def _reference_on_gemm(backend: Any, x, w, b, recipe: Recipe, **kw) -> torch.Ten
         if getattr(e, _FROM_BACKEND, False):
             raise
         raise Refusal(f"the reference Function around the backend's gemm cannot take this: {e}") from e
+
+
+def values_problem(got: Any, x: torch.Tensor) -> str:
+    """What is wrong with a kernel's fake-quantized result for input ``x``, or ""."""
+    if not isinstance(got, torch.Tensor):
+        return f"fake_quantize returned {type(got).__name__}, expected a tensor shaped like x"
+    allowed = tuple(dict.fromkeys((x.dtype, torch.float32)))
+    if tuple(got.shape) != tuple(x.shape) or got.dtype not in allowed:
+        return (f"fake_quantize returned {got.dtype} {list(got.shape)}, expected {list(x.shape)} in "
+                f"{' or '.join(str(d).removeprefix('torch.') for d in allowed)}")
+    return ""
+
+
+
+
+def _reference_on_fake_quantize(backend: Any, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
+                               recipe: Recipe, **kw: Any) -> torch.Tensor:
+    """The reference Function with the backend's ``fake_quantize`` in place of the oracle's
+    quantizer: every quantized operand copy of the three GEMMs (x_row ... x_col) is the
+    kernel's values, and the oracle's GEMM multiplies them (float32 accumulation); a copy the
+    recipe keeps unquantized is the oracle's. A shape the reference Function cannot take is a
+    Refusal; the backend's own exceptions pass unchanged."""
+    from mxcheck.backends.emulated import _shape_refusal  # noqa: PLC0415
+
+    if isinstance(w, torch.Tensor) and w.ndim == 2 and x.ndim >= 1:
+        why = _shape_refusal(recipe, x.numel() // max(x.shape[-1], 1), w.shape[0], w.shape[1],
+                             x.requires_grad, w.requires_grad)
+        if why is not None:
+            raise Refusal(f"the reference Function around the backend's fake_quantize cannot take this: {why}")
+
+    def quantize(t: torch.Tensor, spec: OperandSpec, *, rand: Any = None, state: Any = None) -> Any:
+        if not spec.quantized:
+            return quantize_operand(t, spec)
+        try:
+            values = backend.fake_quantize(t, spec, **({} if state is None else {"state": state}))
+        except Exception as e:  # marked, not wrapped: it must reach the check as the backend raised it
+            setattr(e, _FROM_BACKEND, True)
+            raise
+        if problem := values_problem(values, t):
+            raise NumericsError(f"recipe {recipe.name}: {problem} (copy {spec.describe()}, shape {list(t.shape)})")
+        return PlainTensor(values)
+
+    try:
+        return quant_linear(x, w, b, recipe, quantize=quantize, **kw)
+    except ValueError as e:
+        if getattr(e, _FROM_BACKEND, False) or isinstance(e, Refusal):
+            raise
+        raise Refusal(f"the reference Function around the backend's fake_quantize cannot take this: {e}") from e
 
 
 def warmed_states(linear: Callable[..., torch.Tensor], recipe: Recipe, x: torch.Tensor, w: torch.Tensor,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -36,6 +37,7 @@ from mxcheck.conformance.inputs import (
     training_like,
 )
 from mxcheck.conformance.sr_linear import check_sr_linear, sr_statistics_reason
+from mxcheck.conformance.values import check_fake_quantize
 from mxcheck.conformance.verdict import LOST_DB, LOST_MARGIN_DB, TensorVerdict, tensor_verdict
 from mxcheck.diagnose import quantize as diagnose_quantize
 from mxcheck.diagnose.behaviour import render_attributions
@@ -179,6 +181,17 @@ def _family_tensors(family: Family, gen: torch.Generator, recipe: Recipe, name: 
     return [(d, a, t) for d, a, t in family.tensors(gen, recipe.spec(name), rows, _K) if d in accepted]
 
 
+def quantize_inputs(recipe: Recipe, gen: torch.Generator, accepted: tuple[torch.dtype, ...],
+                    device: str) -> Iterator[tuple[str, str, str, torch.Tensor]]:
+    """(family, operand, label, tensor) for every input family of QUANTIZE_INPUTS, operand copy
+    and tensor dtype the backend accepts: what the quantize and fake_quantize checks feed."""
+    for what, family in QUANTIZE_INPUTS.items():
+        for name in _operands(recipe, family):
+            for dtype, amax, t in _family_tensors(family, gen, recipe, name, accepted):
+                label = _input_label(what, dtype, None if family.tiles is not None and family.scale == 1.0 else amax)
+                yield what, name, label, t.to(device)
+
+
 def check_quantize(backend: Any, recipe: Recipe, gen: torch.Generator, numerics: Any = None) -> str | None:
     """The backend's quantization of x_row and w_row is bit-identical to the oracle's, on
     each input family of QUANTIZE_INPUTS, in each of its dtypes the backend accepts
@@ -189,18 +202,22 @@ def check_quantize(backend: Any, recipe: Recipe, gen: torch.Generator, numerics:
     Beside the bits, each input's tensor-level verdict (``conformance.verdict``): a kernel
     whose SNR against float64 truth falls more than LOST_MARGIN_DB under the oracle's loses
     signal, and the worst such input heads the failure ("x_row loses the tensor at amax
-    ...")."""
-    if not hasattr(backend, "quantize"):
-        return "backend has no quantize"
+    ...").
+
+    A backend's ``fake_quantize`` is judged on values first, on the same inputs
+    (``conformance.values``)."""
     accepted = tuple(getattr(backend, "input_dtypes", DEFAULT_INPUT_DTYPES))
-    ran, differing, verdicts = 0, [], []
     device = _device(backend)
-    for what, family in QUANTIZE_INPUTS.items():
-        for name in _operands(recipe, family):
-            for dtype, amax, t in _family_tensors(family, gen, recipe, name, accepted):
-                label = _input_label(what, dtype, None if family.tiles is not None and family.scale == 1.0 else amax)
-                _quantize_one(backend, recipe, name, t.to(device), label, numerics, differing, verdicts)
-                ran += 1
+    if hasattr(backend, "fake_quantize"):  # values, judged against the oracle's dequantized values
+        why = check_fake_quantize(backend, recipe, numerics, inputs=quantize_inputs(recipe, gen, accepted, device))
+        if not hasattr(backend, "quantize"):
+            return why
+    if not hasattr(backend, "quantize"):
+        return "backend has neither quantize nor fake_quantize"
+    ran, differing, verdicts = 0, [], []
+    for _, name, label, t in quantize_inputs(recipe, gen, accepted, device):
+        _quantize_one(backend, recipe, name, t, label, numerics, differing, verdicts)
+        ran += 1
     lost = _lost_lines(verdicts, ran)
     if differing or lost:
         head = f"quantize of recipe {recipe.name}, backend {getattr(backend, 'name', backend)}"

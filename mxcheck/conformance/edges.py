@@ -17,6 +17,7 @@ from mxcheck.conformance._common import (
     _oracle_pair,
     _Reference,
     _snr,
+    fresh_state,
     gemm_out_dtype,
     linear_of,
     own_sr_directions,
@@ -25,7 +26,11 @@ from mxcheck.conformance._common import (
 )
 from mxcheck.conformance.inputs import training_like_cropped
 from mxcheck.conformance.sr_linear import check_sr_linear, sr_statistics_reason
+from mxcheck.conformance.values import ValuesDiff, oracle_values, same_nans, values_problem
+from mxcheck.diagnose import quantize as diagnose_quantize
+from mxcheck.diagnose.catalogue import QUANTIZE_BEHAVIOURS
 from mxcheck.diagnose.shapes import shape_patterns
+from mxcheck.gemm import quantize_operand
 from mxcheck.outcome import Outcome
 from mxcheck.recipes import Recipe
 from mxcheck.thresholds import linear_floor
@@ -81,6 +86,51 @@ def _edge_gemm(backend: Any, recipe: Recipe, gen: torch.Generator, m: int, n: in
     return "correct"
 
 
+def _edge_quantize(backend: Any, recipe: Recipe, gen: torch.Generator, m: int, n: int, k: int) -> str:
+    """x_row [M, K] and w_row [N, K] through the backend's ``quantize`` (every field, bit for
+    bit) and ``fake_quantize`` (values), at an edge shape; "correct", "refused: ..." or "n/a:
+    ..." where the oracle cannot quantize it; a difference raises NumericsError."""
+    dims = {"M": m, "N": n, "K": k}
+    # A copy of gen: the GEMM and linear paths after this one draw the inputs they drew before.
+    x, w = training_operands(recipe, torch.Generator().set_state(gen.get_state()), _device(backend), m, n, k)
+    outcomes = []
+    for name, t in (("x_row", x), ("w_row", w)):
+        spec = recipe.spec(name)
+        try:
+            ours = quantize_operand(t, spec, **fresh_state(recipe, name))
+        except ValueError as e:  # nothing to compare with; the backend must still refuse clearly or compute
+            ours = f"n/a: the oracle cannot quantize {name} {list(t.shape)} ({str(e).splitlines()[0][:120]})"
+        where = f"recipe {recipe.name} at M={m} N={n} K={k}"
+        for method in ("quantize", "fake_quantize"):
+            if not hasattr(backend, method):
+                continue
+            try:
+                theirs = getattr(backend, method)(t, spec, **fresh_state(recipe, name))
+            except Exception as e:  # the error type is the finding
+                outcomes.append(_raised(e, f"{method} of {name}, recipe {recipe.name},", dims))
+                continue
+            if isinstance(ours, str):
+                outcomes.append(ours)
+                continue
+            label = f"edge M={m} N={n} K={k}"
+            if method == "quantize":
+                d = diagnose_quantize.compare_quantized(t, spec, ours, theirs, operand=name, label=label)
+                if d.problem or d.n_differing:
+                    diagnose_quantize.attribute(d, QUANTIZE_BEHAVIOURS)
+                    raise NumericsError(diagnose_quantize.report([d], 1, f"quantize of {where}"))
+            elif problem := values_problem(theirs, t):
+                raise NumericsError(f"fake_quantize of {name}, {where}: {problem}")
+            else:
+                want = oracle_values(ours, theirs.dtype).to(theirs.device)
+                d = ValuesDiff(name, label, spec, t.cpu(), ours, want.cpu(), same_nans(theirs, want).cpu())
+                if bool(d.differ.any()):
+                    raise NumericsError(f"fake_quantize of {name}, {where}: {int(d.differ.sum()):,} of "
+                                        f"{d.differ.numel():,} values differ from the oracle's")
+            outcomes.append("correct")
+    refused = [o for o in outcomes if o.startswith("refused")]
+    return refused[0] if refused else "correct" if "correct" in outcomes else outcomes[0]
+
+
 def _edge_linear(backend: Any, recipe: Recipe, gen: torch.Generator, numerics: Any,
                  m: int, n: int, k: int, name: str) -> str:
     dims = {"M": m, "N": n, "K": k}
@@ -124,17 +174,16 @@ def _edge_linear(backend: Any, recipe: Recipe, gen: torch.Generator, numerics: A
 
 def edge_shape_outcome(backend: Any, recipe: Recipe, name: str, gen: torch.Generator,
                        numerics: Any = None) -> dict[str, str]:
-    """{"gemm": outcome, "linear": outcome} at EDGE_SHAPES[name]; an outcome is "correct",
-    "raised: <error>" or "n/a: ..."; garbage raises NumericsError."""
+    """{"quantize": outcome, "gemm": outcome, "linear": outcome} at EDGE_SHAPES[name] (the
+    paths the backend has: ``quantize`` or ``fake_quantize``, ``gemm``, a linear); an outcome
+    is "correct", "refused: <error>" or "n/a: ..."; garbage raises NumericsError."""
     if name not in EDGE_SHAPES:
         raise ValueError(f"edge shape {name!r} is not known; expected one of {sorted(EDGE_SHAPES)}")
-    m, n, k, _ = EDGE_SHAPES[name]
     out: dict[str, str] = {}
     failures = []
     for path in _edge_paths(backend):  # every path runs, and leaves its record, before a failure is raised
         try:
-            out[path] = (_edge_gemm(backend, recipe, gen, m, n, k) if path == "gemm"
-                         else _edge_linear(backend, recipe, gen, numerics, m, n, k, name))
+            out[path] = _edge_path(backend, recipe, gen, numerics, path, name)
         except NumericsError as e:
             failures.append(e)
             out[path] = f"failed: {str(e).splitlines()[0]}"
@@ -163,30 +212,39 @@ def _record_shape(numerics: Any, recipe: Recipe, name: str, path: str, outcome: 
         "edge_shape", Outcome(None, passed, message, fields))
 
 
+def _edge_path(backend: Any, recipe: Recipe, gen: torch.Generator, numerics: Any, path: str, name: str,
+               explain: bool = True) -> str:
+    """One path (quantize, gemm, linear) at EDGE_SHAPES[name]: "correct", "refused: ..." or "n/a: ..."."""
+    m, n, k, _ = EDGE_SHAPES[name]
+    if path == "quantize":
+        return _edge_quantize(backend, recipe, gen, m, n, k)
+    if path == "gemm":
+        return _edge_gemm(backend, recipe, gen, m, n, k, explain=explain)
+    return _edge_linear(backend, recipe, gen, numerics, m, n, k, name)
+
+
 def _edge_paths(backend: Any) -> tuple[str, ...]:
-    return tuple(p for p, has in (("gemm", hasattr(backend, "gemm")), ("linear", linear_of(backend) is not None))
-                 if has)
+    quantizes = hasattr(backend, "quantize") or hasattr(backend, "fake_quantize")
+    return tuple(p for p, has in (("quantize", quantizes), ("gemm", hasattr(backend, "gemm")),
+                                  ("linear", linear_of(backend) is not None)) if has)
 
 
 def check_edge_shapes(backend: Any, recipe: Recipe, gen: torch.Generator, numerics: Any = None) -> str | None:
     """Every EDGE_SHAPES entry computes correctly or raises a clear error naming the dim.
 
-    Every shape runs on every path (gemm, linear), so a failure lists each failing shape with
+    Every shape runs on every path (quantize or fake_quantize, gemm, linear), so a failure lists each failing shape with
     its first message line, the passing ones, and where one holds, the divisibility of M, N or
     K that separates failing from correct shapes (``diagnose.shapes``)."""
     paths = _edge_paths(backend)
     if not paths:
-        return "backend has neither gemm nor linear"
+        return "backend has neither quantize, fake_quantize, gemm nor linear"
     outcomes: dict[str, dict[str, str]] = {p: {} for p in paths}  # path -> shape -> outcome
     failed: dict[str, dict[str, str]] = {p: {} for p in paths}  # path -> shape -> first message line
-    for name, (m, n, k, _) in EDGE_SHAPES.items():
+    for name in EDGE_SHAPES:
         for path in paths:
             try:
-                if path == "gemm":
-                    # Each shape's first line is kept: the GEMM behaviours are not run for it.
-                    outcomes[path][name] = _edge_gemm(backend, recipe, gen, m, n, k, explain=False)
-                else:
-                    outcomes[path][name] = _edge_linear(backend, recipe, gen, numerics, m, n, k, name)
+                # Each shape's first line is kept: the GEMM behaviours are not run for it.
+                outcomes[path][name] = _edge_path(backend, recipe, gen, numerics, path, name, explain=False)
             except NumericsError as e:
                 failed[path][name] = str(e).splitlines()[0]
     if any(failed.values()):

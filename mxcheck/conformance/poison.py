@@ -105,6 +105,9 @@ def check_poison_padding(backend: Any, recipe: Recipe, gen: torch.Generator, num
     """Quantize writes its K padding whatever the allocator held; the GEMM reads only its
     operands (views into 0xFF-filled storage give the contiguous run's bits)."""
     if not (hasattr(backend, "quantize") or hasattr(backend, "gemm")):
+        if hasattr(backend, "fake_quantize"):  # values carry no padding bytes to poison
+            return ("needs codes (quantize) or a gemm that reads padded operands: the backend returns values "
+                    "(fake_quantize), which have no padding")
         return "backend has neither quantize nor gemm"
     dev, (m, n, k) = _device(backend), _shape(recipe, *_POISON_MNK)
     ctx = {"recipe": recipe.name, "m": m, "n": n, "k": k}

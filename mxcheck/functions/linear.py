@@ -52,6 +52,8 @@ _FP8_SCALINGS = (*FP8_GRANULARITIES, "delayed")
 States = Mapping[str, DelayedScaling]
 # ``gemm(a, b, *, out_dtype, bias=None)`` on quantized operands, NT: emulated_gemm's signature.
 Gemm = Callable[..., torch.Tensor]
+# ``quantize(x, spec, *, rand=None, state=None) -> QTensor``: quantize_operand's signature.
+Quantize = Callable[..., QTensor]
 
 
 def make_delayed_states(recipe: str | Recipe, *, amax_history_len: int = 1024,
@@ -70,7 +72,7 @@ class OperandQuantizer:
     """Quantizes operand copies of one layer as its recipe says, with SR bits and states."""
 
     def __init__(self, recipe: Recipe, layer: str, generator: torch.Generator | None,
-                 states: States | None, gemm: Gemm | None = None) -> None:
+                 states: States | None, gemm: Gemm | None = None, quantize: Quantize | None = None) -> None:
         if generator is not None and not isinstance(generator, torch.Generator):
             raise TypeError(f"layer {layer}: generator must be a torch.Generator or None, "
                             f"got {type(generator).__name__}")
@@ -81,6 +83,8 @@ class OperandQuantizer:
         self.states = dict(states or {})
         # The GEMM the layer runs: the oracle's, or a backend's on the same quantized operands.
         self.gemm: Gemm = emulated_gemm if gemm is None else gemm
+        # The quantizer: the oracle's, or a backend's (its fake-quantized values as operands).
+        self.quantize: Quantize | None = quantize
         # row copy -> (its tensor, that tensor's version, its quantized operand), kept when
         # the column copy has the same spec: see _as_transpose
         self._row_copies: dict[str, tuple[torch.Tensor, int, QTensor]] = {}
@@ -103,6 +107,8 @@ class OperandQuantizer:
                                  device=device).to(t.device)
         announce_quantize(t, self.layer, operand, spec.fmt, spec.scaling, spec.scale_rule, spec.block_size,
                           spec.rounding)
+        if self.quantize is not None:  # each copy through the backend, as its training step runs it
+            return self.quantize(t.contiguous(), spec, rand=rand, state=state)
         transposed = self._as_transpose(operand, t)
         if transposed is not None:
             return transposed
@@ -244,19 +250,19 @@ def reset_main_grad_step(weight: torch.Tensor) -> None:
 
 
 class QuantLinearFunction(torch.autograd.Function):
-    """``apply(x, weight, bias, recipe, layer, generator, states, fuse_wgrad_into_main_grad, gemm)``."""
+    """``apply(x, weight, bias, recipe, layer, generator, states, fuse_wgrad_into_main_grad, gemm, quantize)``."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                 recipe: str | Recipe, layer: str = "linear", generator: torch.Generator | None = None,
                 states: States | None = None, fuse_wgrad_into_main_grad: bool = False,
-                gemm: Gemm | None = None) -> torch.Tensor:
+                gemm: Gemm | None = None, quantize: Quantize | None = None) -> torch.Tensor:
         recipe = get_recipe(recipe)
         m, n, k = check_linear_args(x, weight, bias, layer)
         recipe.check_shape(m, n, k, layer)
         if fuse_wgrad_into_main_grad:
             _check_main_grad(weight, recipe, layer)
-        q = OperandQuantizer(recipe, layer, generator, states, gemm)
+        q = OperandQuantizer(recipe, layer, generator, states, gemm, quantize)
         x2d = x.reshape(m, k)
         y = linear_fwd(q, x2d, weight, bias)
         ctx.save_for_backward(x2d, weight)
@@ -281,7 +287,7 @@ class QuantLinearFunction(torch.autograd.Function):
             dw = linear_wgrad(q, g2d, x2d).to(weight.dtype)
         if need_db:
             db = bias_grad(g2d, ctx.bias_dtype)
-        return dx, dw, db, None, None, None, None, None, None
+        return dx, dw, db, None, None, None, None, None, None, None
 
 
 def quant_linear(
@@ -295,6 +301,7 @@ def quant_linear(
     states: States | None = None,
     fuse_wgrad_into_main_grad: bool = False,
     gemm: Gemm | None = None,
+    quantize: Quantize | None = None,
 ) -> torch.Tensor:
     """``x[..., K] @ weight[N, K]^T + bias[N]`` through the recipe's quantized GEMMs.
 
@@ -306,6 +313,9 @@ def quant_linear(
     one microbatch per step (``reset_main_grad_step`` starts the next step).
     ``gemm``: run the three GEMMs with this function (a backend's ``gemm``) on the operands
     quantized here; None runs the oracle's ``emulated_gemm``.
+    ``quantize``: quantize each operand copy with this function (``quantize_operand``'s
+    signature; a fake-quant backend's values wrapped as ``PlainTensor``) instead of the
+    oracle's; None runs ``quantize_operand``.
     """
     if not isinstance(layer, str):
         raise TypeError(f"layer={layer!r} ({type(layer).__name__}); expected a str naming the linear "
@@ -318,5 +328,8 @@ def quant_linear(
     if gemm is not None and not callable(gemm):
         raise TypeError(f"layer {layer}: gemm={gemm!r} ({type(gemm).__name__}); expected a callable "
                         "gemm(a, b, *, out_dtype, bias=None) (a backend's gemm) or None")
+    if quantize is not None and not callable(quantize):
+        raise TypeError(f"layer {layer}: quantize={quantize!r} ({type(quantize).__name__}); expected a callable "
+                        "quantize(x, spec, *, rand=None, state=None) or None")
     return QuantLinearFunction.apply(x, weight, bias, get_recipe(recipe), layer, generator, states,
-                                     fuse_wgrad_into_main_grad, gemm)
+                                     fuse_wgrad_into_main_grad, gemm, quantize)

@@ -30,6 +30,7 @@ __all__ = [
     "UNJUDGED_OUTCOMES",
     "count_outcomes",
     "counts_text",
+    "not_run_lines",
     "outcome_of",
     "outcome_record",
     "run_status_text",
@@ -101,6 +102,27 @@ def skip_summary(skipped: Iterable[dict[str, str]]) -> str:
         kind = s.get("kind", "other") if s.get("kind") in SKIP_KINDS else "other"
         counts[kind] = counts.get(kind, 0) + 1
     return ", ".join(f"{counts[k]} {text}" for k, text in SKIP_KINDS.items() if counts.get(k))
+
+
+# Reasons that say the backend lacks what a check needs (a method, codes), not the recipe.
+_BACKEND_REASONS = ("backend has ", "needs codes")
+
+
+def not_run_lines(skipped: Iterable[dict[str, str]]) -> list[str]:
+    """Each reason the backend itself gives for the suite's not-applicable skips ("CHECK:
+    backend has no gemm"), once, with the checks it stopped: "could not run gemm, linear
+    (18 tests): backend has neither linear, gemm nor fake_quantize"."""
+    by_reason: dict[str, tuple[list[str], list[int]]] = {}
+    for s in skipped:
+        check, sep, why = s.get("reason", "").partition(": ")
+        if s.get("kind") != "not_applicable" or not sep or not why.startswith(_BACKEND_REASONS):
+            continue
+        checks, count = by_reason.setdefault(why, ([], [0]))
+        count[0] += 1
+        if check not in checks:
+            checks.append(check)
+    return [f"could not run {', '.join(sorted(checks))} ({n[0]} test{'s' if n[0] != 1 else ''}): {why}"
+            for why, (checks, n) in by_reason.items()]
 
 
 def run_status_text(report: Report) -> str:

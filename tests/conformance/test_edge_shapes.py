@@ -36,7 +36,8 @@ def test_the_k_mod_256_garbage_backend_is_caught_only_off_256():
     with pytest.raises(NumericsError, match="fp32-accumulation bound"):
         edge_shape_outcome(bad, RECIPES["mxfp4"], "K384-Kmod256", torch.Generator().manual_seed(0))
     assert edge_shape_outcome(EmulatedBackend(), RECIPES["mxfp4"], "K384-Kmod256",
-                              torch.Generator().manual_seed(0)) == {"gemm": "correct", "linear": "correct"}
+                              torch.Generator().manual_seed(0)) == {"quantize": "correct", "gemm": "correct",
+                                                                     "linear": "correct"}
 
 
 class _GemmRaises:
@@ -164,3 +165,58 @@ def test_a_failing_edge_shape_leaves_a_failed_record_and_still_fails():
     [gemm] = [r for r in records if r.kind == "edge_shape" and r.layer == "edge K384-Kmod256: gemm"]
     assert (outcome_of(gemm), gemm.passed) == ("failed", False)
     assert gemm.message.startswith("gemm of recipe mxfp4 at M=32 N=64 K=384")
+
+
+class _QuantizeOnly:
+    """The oracle's quantize and nothing else. ``bug``: "one-row" zeroes the codes of a
+    one-row operand (M = 1); "value-error" raises a plain ValueError where the block does
+    not divide K (not a declared Refusal)."""
+
+    name = "quantize-only"
+
+    def __init__(self, bug: str = "") -> None:
+        self.bug, self.shapes = bug, []
+
+    def available(self):
+        return True, ""
+
+    def supports(self, recipe):
+        return True, ""
+
+    def quantize(self, x, spec, *, state=None):
+        from dataclasses import replace as _replace
+
+        from mxcheck.gemm import quantize_operand
+
+        self.shapes.append(tuple(x.shape))
+        if self.bug == "value-error" and x.shape[-1] % spec.block_size:
+            raise ValueError("shape mismatch in kernel launch")
+        try:
+            q = quantize_operand(x, spec)
+        except ValueError as e:  # a shape the oracle cannot take: declared, naming the dim
+            raise Refusal(str(e)) from None
+        return _replace(q, codes=torch.zeros_like(q.codes)) if self.bug == "one-row" and x.shape[0] == 1 else q
+
+
+def test_a_quantize_only_backend_is_quantized_at_every_edge_shape():
+    from mxcheck.conformance.edges import EDGE_SHAPES, check_edge_shapes
+
+    backend = _QuantizeOnly()
+    assert check_edge_shapes(backend, get_recipe("nvfp4-1x16"), torch.Generator().manual_seed(0)) is None
+    # x_row [M, K] and w_row [N, K] at each shape: odd K, K off the block, M of 1 included
+    assert backend.shapes == [s for m, n, k, _ in EDGE_SHAPES.values() for s in ((m, k), (n, k))]
+    assert (1, 256) in backend.shapes and (32, 40) in backend.shapes
+
+
+@pytest.mark.parametrize(("bug", "failing", "message"), [
+    ("one-row", "modulation-M1", "quantize of recipe nvfp4-1x16 at M=1 N=128 K=256"),
+    ("value-error", "K40-Kmod16", "quantize of x_row, recipe nvfp4-1x16, at {'M': 32, 'N': 64, 'K': 40} raised "
+                                  "ValueError, not mxcheck.backends.Refusal")])
+def test_a_quantize_only_backend_that_fails_an_edge_shape_fails_there_only(bug, failing, message):
+    from mxcheck.conformance.edges import check_edge_shapes
+
+    with pytest.raises(NumericsError) as e:
+        check_edge_shapes(_QuantizeOnly(bug), get_recipe("nvfp4-1x16"), torch.Generator().manual_seed(0))
+    lines = str(e.value).splitlines()
+    assert lines[0].startswith("edge shapes of recipe nvfp4-1x16: quantize fails at 1 of 12 shapes"), lines[0]
+    assert lines[1].startswith(f"quantize at {failing} ") and message in lines[1], lines[1]
