@@ -22,8 +22,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -229,33 +228,32 @@ class SearchResult:
         return self.examples.get(prop, 0) / max(self.seconds.get(prop, 0.0), 1e-9)
 
 
-def _settings(hypothesis: Any, examples: int, database: Path | None) -> Any:
-    db = None if database is None else hypothesis.database.DirectoryBasedExampleDatabase(str(database))
+def _settings(hypothesis: Any, examples: int) -> Any:
     # No explain phase: it reruns the shrunk example many times to say which parts matter,
     # which the diagnosis below says better (and it took most of a short search's time).
     phases = [p for p in hypothesis.Phase if p.name != "explain"]
-    return hypothesis.settings(max_examples=examples, deadline=None, database=db, derandomize=False,
+    return hypothesis.settings(max_examples=examples, deadline=None, database=None, derandomize=False,
                                suppress_health_check=list(hypothesis.HealthCheck), phases=phases)
 
 
-def _find(hypothesis: Any, strategy: Any, fails: Callable[[Case], bool], examples: int, rnd: random.Random,
-          database: Path | None, key: str) -> Case | None:
+def _find(hypothesis: Any, strategy: Any, fails: Callable[[Case], bool], examples: int,
+          rnd: random.Random) -> Case | None:
+    # No example database: Hypothesis keeps none for a seeded run, and the seed is what
+    # makes a search repeatable; the reproducer is what a finding leaves behind.
     try:
-        return hypothesis.find(strategy, fails, settings=_settings(hypothesis, examples, database), random=rnd,
-                               database_key=key.encode())
+        return hypothesis.find(strategy, fails, settings=_settings(hypothesis, examples), random=rnd)
     except hypothesis.errors.NoSuchExample:
         return None
 
 
 def search(factory: Callable[[], Any], recipe: Recipe | str, *, seconds: float, seed: int = 0,
-           properties: Sequence[str] = PROPERTIES, database: Path | None = None, chunk: int = CHUNK,
+           properties: Sequence[str] = PROPERTIES, chunk: int = CHUNK,
            max_examples: int | None = None) -> SearchResult:
     """Search each property for ``seconds`` in all (they take turns, ``chunk`` examples at a
     time, a fresh Hypothesis run with its own seed each turn, until one fails or the time
     or ``max_examples`` per property is spent). ``factory`` makes the backend; every
     example gets a fresh one, so a backend that keeps state between calls is judged on
-    each input alone. ``database``: a directory for Hypothesis's example database (a
-    failure found there replays first), or None. Deterministic under ``seed`` (the
+    each input alone. Deterministic under ``seed`` (the
     examples tried; how many turns fit in ``seconds`` depends on the machine)."""
     hypothesis = require_hypothesis()
     unknown = [p for p in properties if p not in PROPERTIES]
@@ -267,13 +265,13 @@ def search(factory: Callable[[], Any], recipe: Recipe | str, *, seconds: float, 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the inputs are a few blocks: a thread pool costs more than it gives
     try:
-        return _search(hypothesis, factory, recipe, seconds, seed, properties, database, chunk, max_examples)
+        return _search(hypothesis, factory, recipe, seconds, seed, properties, chunk, max_examples)
     finally:
         torch.set_num_threads(threads)
 
 
 def _search(hypothesis: Any, factory: Callable[[], Any], recipe: Recipe, seconds: float, seed: int,
-            properties: Sequence[str], database: Path | None, chunk: int, max_examples: int | None) -> SearchResult:
+            properties: Sequence[str], chunk: int, max_examples: int | None) -> SearchResult:
     probe = factory()
     result = SearchResult(_name(probe), recipe.name, seed)
     live: dict[str, Geometry] = {}
@@ -286,42 +284,83 @@ def _search(hypothesis: Any, factory: Callable[[], Any], recipe: Recipe, seconds
             live[prop] = geometry
             result.examples[prop], result.seconds[prop] = 0, 0.0
     deadline = time.monotonic() + seconds
-    turn = 0
+    order, turns = list(live), dict.fromkeys(live, 0)
+    best: dict[str, Finding] = {}  # a finding over more than one block: searched on for a smaller one
     while live and time.monotonic() < deadline:
-        prop = list(live)[turn % len(live)]
-        turn += 1
+        prop = order[sum(turns.values()) % len(order)]
+        if prop not in live:  # found already: its turn passes
+            turns[prop] += 1
+            continue
         left = max_examples - result.examples[prop] if max_examples is not None else chunk
-        # a turn ends near the deadline: as many examples as the rate measured so far allows
-        # (a first turn tries a few); Hypothesis cannot be stopped inside a run
-        per_example = result.seconds[prop] / max(result.examples[prop], 1)
-        fit = int((deadline - time.monotonic()) / per_example) if per_example else FIRST_TURN
-        n = max(1, min(chunk, left, fit))
         if left <= 0:
             live.pop(prop)
             continue
-        found = _turn(hypothesis, factory, recipe, prop, live[prop], result, seed, turn, n, database)
+        # Turns of FIRST_TURN, twice that, ... up to ``chunk`` examples: a slow property
+        # overruns the deadline by one short turn at first, and the examples tried depend
+        # on the seed and the turn only (never on the machine's speed), so a seed repeats.
+        n = max(1, min(chunk, left, FIRST_TURN << min(turns[prop], 8)))
+        turns[prop] += 1
+        fewer = best[prop].size["blocks"] if prop in best else None
+        found = _turn(hypothesis, factory, recipe, prop, live[prop], result, seed, turns[prop], n, fewer)
         if found is not None:
-            result.findings.append(found)
-            live.pop(prop)
+            best[prop] = found
+            if found.size["blocks"] <= 1:
+                live.pop(prop)
+    result.findings = [best[p] for p in order if p in best]
     return result
 
 
+SPARSIFY_BUDGET = 400  # property evaluations spent zeroing values Hypothesis's shrinker left
+
+
+def _zero_out(case: Case, fails: Callable[[Case], bool], budget: int) -> Case:
+    """The case with as many values set to zero as keep it failing (delta debugging: runs of
+    nonzero values, halving in length). Hypothesis shrinks a dense fill to zeros only when
+    nothing else must change at once; a failure that needs one value of the fill (a rounding
+    tie) keeps the whole fill there, and this finds the few values that matter."""
+    tensors = dict(case.tensors)
+    for name in tensors:
+        idx = torch.nonzero(tensors[name].reshape(-1)).flatten().tolist()
+        size = max(len(idx) // 2, 1)
+        while idx and budget > 0:
+            i = 0
+            while i < len(idx) and budget > 0:
+                trial = tensors[name].clone()
+                trial.view(-1)[idx[i:i + size]] = 0
+                budget -= 1
+                candidate = replace(case, tensors={**tensors, name: trial})
+                if fails(candidate):
+                    tensors[name], idx = trial, idx[:i] + idx[i + size:]
+                else:
+                    i += size
+            if size == 1:
+                break
+            size //= 2
+    return replace(case, tensors=tensors)
+
+
 def _turn(hypothesis: Any, factory: Callable[[], Any], recipe: Recipe, prop: str, geometry: Geometry,
-          result: SearchResult, seed: int, turn: int, chunk: int, database: Path | None) -> Finding | None:
-    """One Hypothesis run of ``chunk`` examples of ``prop``; the shrunk failure, or None."""
+          result: SearchResult, seed: int, turn: int, chunk: int,
+          fewer_blocks: int | None = None) -> Finding | None:
+    """One Hypothesis run of ``chunk`` examples of ``prop``; the shrunk failure, or None.
+    ``fewer_blocks``: only a failure spanning fewer blocks than that counts (a shrunk
+    failure can be a local minimum: a NaN in a 2D tile that only a second tile shows)."""
     counted = [0]
 
     def fails(case: Case) -> bool:
         counted[0] += 1
+        if fewer_blocks is not None and max(case.blocks.values()) >= fewer_blocks:
+            return False
         return judge(prop, factory(), recipe, case.tensors, operand=case.operand, explain=False) is not None
 
     start = time.monotonic()
     rnd = random.Random(f"{seed}:{prop}:{turn}")
-    case = _find(hypothesis, cases(prop, geometry), fails, chunk, rnd, database,
-                 f"mxcheck-search:{result.backend}:{recipe.name}:{prop}")
+    # after a failure over several blocks, only one-block inputs are drawn
+    case = _find(hypothesis, cases(prop, geometry, one_block=fewer_blocks is not None), fails, chunk, rnd)
     result.examples[prop] += counted[0]
     result.seconds[prop] += time.monotonic() - start
     if case is None:
         return None
+    case = _zero_out(case, fails, SPARSIFY_BUDGET)
     message = judge(prop, factory(), recipe, case.tensors, operand=case.operand) or "differs (not on a rerun)"
     return Finding(prop, case, message, result.seconds[prop], result.examples[prop])

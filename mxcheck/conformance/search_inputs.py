@@ -157,20 +157,36 @@ def _st() -> Any:
     return strategies
 
 
+def _near(m: int, j: int, above: bool, e: int) -> float:
+    """m * 2^e moved j float32 ulps down (or up)."""
+    ulp = 2.0 ** (math.floor(math.log2(m)) - 23)
+    return (m + (j if above else -j) * ulp) * 2.0**e
+
+
+def _value(st: Any) -> Any:
+    """A magnitude: an integer of up to 8 bits times 2^e (the element formats' codes, their
+    rounding midpoints, amaxes that are not powers of two), or such a value moved a few
+    float32 ulps (where a float32 log2 rounds to the next power, and a scale rule's bump
+    carries or not)."""
+    exponent = st.integers(-6, 6)
+    integer = st.builds(lambda m, e: m * 2.0**e, st.integers(0, 255), exponent)
+    near = st.builds(_near, st.integers(1, 255), st.integers(1, 4), st.booleans(), exponent)
+    return st.one_of(integer, near)
+
+
 def _tensor(draw: Any, rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
     st = _st()
     lo, hi = _exponent_range(dtype)
     n = rows * cols
     fill = draw(st.sampled_from(FILLS))
     seed = draw(st.integers(0, 2**16 - 1)) if fill != "zeros" else 0
-    values = draw(st.lists(st.tuples(st.integers(0, 2**20), st.booleans(), st.integers(0, 255), st.integers(-6, 6)),
-                           max_size=MAX_VALUES))
+    values = draw(st.lists(st.tuples(st.integers(0, 2**20), st.booleans(), _value(st)), max_size=MAX_VALUES))
     # the tensor's magnitude: near 1 first, then gradient magnitudes (2^-30 .. 2^-10), then anywhere
     magnitude = draw(st.one_of(st.integers(-3, 3), st.integers(-30, -10), st.integers(lo, hi)))
     specials = draw(st.lists(st.tuples(st.integers(0, 2**20), st.sampled_from(SPECIALS)), max_size=MAX_SPECIALS))
     x = _fill(fill, seed, rows, cols).reshape(-1)
-    for pos, negative, mantissa, exponent in values:
-        x[pos % n] = (-1.0 if negative else 1.0) * mantissa * 2.0**exponent
+    for pos, negative, value in values:
+        x[pos % n] = -value if negative else value
     x = x * 2.0**magnitude
     for pos, name in specials:
         x[pos % n] = special_value(name, dtype)
@@ -179,8 +195,8 @@ def _tensor(draw: Any, rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor
 
 def _dims(draw: Any, unit: int, blocks: int, ragged: bool = False) -> int:
     st = _st()
-    if unit == 1:
-        return draw(st.integers(1, 8))
+    if unit == 1:  # rows of a 1D-blocked operand: each row is a block
+        return draw(st.integers(1, 8 if blocks > 1 else 1))
     extra = draw(st.integers(0, unit - 1)) if ragged else 0
     return unit * draw(st.integers(1, blocks)) + extra
 
@@ -189,24 +205,27 @@ def _blocks(t: torch.Tensor, u: Unit) -> int:
     return -(-t.shape[0] // u.rows) * -(-t.shape[1] // u.cols)
 
 
-def cases(prop: str, g: Geometry) -> Any:
-    """The Hypothesis strategy of ``prop``'s inputs under ``g``."""
+def cases(prop: str, g: Geometry, one_block: bool = False) -> Any:
+    """The Hypothesis strategy of ``prop``'s inputs under ``g`` (``one_block``: every operand
+    one block, its contraction length the block's)."""
     st = _st()
+    blocks, row_blocks = (1, 1) if one_block else (MAX_BLOCKS, MAX_ROW_BLOCKS)
 
     @st.composite
     def quantize(draw: Any) -> Case:
         operand = draw(st.sampled_from(sorted(g.units, key=("x_row", "w_row").index)))
         u, dtype = g.units[operand], draw(st.sampled_from(g.dtypes))
-        x = _tensor(draw, _dims(draw, u.rows, MAX_ROW_BLOCKS), _dims(draw, u.cols, MAX_BLOCKS, u.ragged), dtype)
+        x = _tensor(draw, _dims(draw, u.rows, row_blocks), _dims(draw, u.cols, blocks, u.ragged and not one_block),
+                    dtype)
         return Case(prop, operand, {"x": x}, {"x": _blocks(x, u)})
 
     @st.composite
     def two(draw: Any) -> Case:
         ua, ub, dtype = g.units["x_row"], g.units["w_row"], draw(st.sampled_from(g.dtypes))
         sm = g.shape_multiple
-        k = _dims(draw, max(ua.cols, ub.cols, sm), MAX_BLOCKS, ua.ragged and ub.ragged and sm == 1)
-        m = _dims(draw, max(ua.rows, sm), MAX_ROW_BLOCKS)
-        n = _dims(draw, max(ub.rows, sm), MAX_ROW_BLOCKS)
+        k = _dims(draw, max(ua.cols, ub.cols, sm), blocks, ua.ragged and ub.ragged and sm == 1 and not one_block)
+        m = _dims(draw, max(ua.rows, sm), row_blocks)
+        n = _dims(draw, max(ub.rows, sm), row_blocks)
         a, b = _tensor(draw, m, k, dtype), _tensor(draw, n, k, dtype)
         names = ("a", "b") if prop == "gemm" else ("x", "w")
         tensors = dict(zip(names, (a, b), strict=True))
