@@ -111,8 +111,10 @@ def _size(size: dict[str, Any]) -> str:
 
 
 def _summary(result: Any) -> str:
+    found = {f.prop: f for f in result.findings}
     parts = [f"{p}: {result.examples[p]} examples, {result.rate(p):.0f}/s"
-             + (" FOUND" if any(f.prop == p for f in result.findings) else "") for p in result.examples]
+             + (f", FOUND after {found[p].seconds:.1f} s ({found[p].examples} examples)" if p in found else "")
+             for p in result.examples]
     parts += [f"{p}: not run ({why})" for p, why in result.skipped.items()]
     return f"mxcheck search: backend {result.backend}, recipe {result.recipe}, seed {result.seed}: " \
            + "; ".join(parts) + "\n"

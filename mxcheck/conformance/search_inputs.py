@@ -35,6 +35,10 @@ MAX_BLOCKS = 4  # blocks along the contraction axis
 MAX_ROW_BLOCKS = 3  # row blocks (rows of a 1D-blocked operand: up to 8)
 MAX_VALUES = 6  # explicit values per tensor
 MAX_SPECIALS = 3
+# Runs of ones _near draws: 2, 3, 4 where the even rule's bump (1 << (22 - mbits)) carries for
+# e2m1, e3m2 and e2m3/e4m3; 23, float32's nextbelow of a power of two (floor, ceil, a float32
+# log2); 0 and 1, a power of two and 1.5 times one, each a few ulps off.
+NEAR_ONES = (2, 23, 3, 4, 0, 1)
 _ROW_UNITS = (1, 16, 32, 128)  # the block heights a 2D tile may have, smallest first
 
 
@@ -157,20 +161,22 @@ def _st() -> Any:
     return strategies
 
 
-def _near(m: int, j: int, above: bool, e: int) -> float:
-    """m * 2^e moved j float32 ulps down (or up)."""
-    ulp = 2.0 ** (math.floor(math.log2(m)) - 23)
-    return (m + (j if above else -j) * ulp) * 2.0**e
+def _near(d: int, j: int, above: bool, e: int) -> float:
+    """(2 - 2^-d) * 2^e (d ones after the leading one; d=0: 2^e itself) moved j float32 ulps
+    down or up: amaxes where a scale rule's rounding bump carries or not, and where a
+    float32 log2 rounds to the next power (d = 23 is nextbelow(2^(e+1)))."""
+    v = 2.0 - 2.0**-d
+    ulp = 2.0 ** (math.floor(math.log2(v)) - 23)
+    return (v + (j if above else -j) * ulp) * 2.0**e
 
 
 def _value(st: Any) -> Any:
     """A magnitude: an integer of up to 8 bits times 2^e (the element formats' codes, their
-    rounding midpoints, amaxes that are not powers of two), or such a value moved a few
-    float32 ulps (where a float32 log2 rounds to the next power, and a scale rule's bump
-    carries or not)."""
+    rounding midpoints, amaxes that are not powers of two), or a run of ones moved a few
+    float32 ulps (``_near``)."""
     exponent = st.integers(-6, 6)
     integer = st.builds(lambda m, e: m * 2.0**e, st.integers(0, 255), exponent)
-    near = st.builds(_near, st.integers(1, 255), st.integers(1, 4), st.booleans(), exponent)
+    near = st.builds(_near, st.sampled_from(NEAR_ONES), st.integers(1, 2), st.booleans(), exponent)
     return st.one_of(integer, near)
 
 

@@ -92,6 +92,7 @@ def test_the_reproducer_runs_alone_and_fails_with_the_difference(tmp_path):
     assert run.returncode == 0 and "agrees with the oracle" in run.stdout, run.stdout + run.stderr
 
 
+@pytest.mark.slow
 def test_a_large_input_goes_to_a_pt_file_beside_the_script(tmp_path, monkeypatch):
     monkeypatch.setattr("mxcheck.conformance.search_repro.LITERAL_LIMIT", 8)
     finding = _find("bad-nibble-swap", "mxfp4", "gemm")
@@ -101,12 +102,21 @@ def test_a_large_input_goes_to_a_pt_file_beside_the_script(tmp_path, monkeypatch
     assert run.returncode == 1 and "fp32-accumulation bound" in run.stdout, run.stdout + run.stderr
 
 
-@pytest.mark.parametrize("recipe", ["mxfp4", "nvfp4", "fp8"])
-def test_the_search_finds_nothing_on_the_oracle_itself(recipe):
-    result = search(EmulatedBackend, recipe, seconds=LONG, seed=0, max_examples=60)
+def _finds_nothing(recipe: str, examples: int) -> None:
+    result = search(EmulatedBackend, recipe, seconds=LONG, seed=0, max_examples=examples)
     assert not result.findings, [f.message for f in result.findings]
     assert set(result.examples) == {"quantize", "gemm", "linear"}
-    assert all(n >= 60 for n in result.examples.values()), result.examples
+    assert all(n >= examples for n in result.examples.values()), result.examples
+
+
+def test_the_search_finds_nothing_on_the_oracle_itself():
+    _finds_nothing("mxfp4", 30)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", ["nvfp4", "fp8", "mxfp8", "mxfp6", "fp8-delayed", "fp8-block", "ocp-mxfp4"])
+def test_the_search_finds_nothing_on_the_oracle_itself_on_other_recipes(recipe):
+    _finds_nothing(recipe, 200)
 
 
 def test_a_seed_repeats_the_search():
