@@ -14,7 +14,7 @@ from mxcheck.cli.common import CommandError, out
 
 __all__ = ["backend_factory", "parse_seconds", "run_search", "run_searches", "search_args"]
 
-DEFAULT_OUT = Path(".mxcheck")  # under the current directory, never in the package
+DEFAULT_OUT = ".mxcheck"  # under the current directory, never in the package
 
 
 def parse_seconds(text: str) -> float:
@@ -42,7 +42,7 @@ def _properties(text: str) -> list[str]:
 def add_search_options(p: argparse.ArgumentParser) -> None:
     """The options ``search`` and ``conform --search`` share."""
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, metavar="DIR",
-                   help="where reproducers go (DIR/repro/BACKEND-RECIPE-PROPERTY/repro.py). Default: %(default)s")
+                   help="where reproducers go (DIR/repro/BACKEND-RECIPE-PROPERTY/repro.py). Default: %(default)r")
     p.add_argument("--properties", type=_properties, default=None, metavar="P[,P]",
                    help="which properties to search: quantize, gemm, linear. Default: all the backend offers")
 

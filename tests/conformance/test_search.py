@@ -171,3 +171,29 @@ def test_the_cli_on_the_oracle_exits_0(tmp_path, capsys):
 def test_the_cli_names_a_bad_value(capsys, argv, needle):
     code, _, err = run_cli(capsys, "search", "--backend", "emulated", "--recipe", "fp8", *argv)
     assert code == 2 and needle in err
+
+
+class _SuitePassed:
+    """pytest.main for ``mxcheck conform``: one test passed, exit 0 (the suite is not what
+    these tests are about)."""
+
+    def __init__(self):
+        self.argv = None
+
+    def __call__(self, argv, plugins=()):
+        self.argv = argv
+        for plugin in plugins:
+            plugin.pytest_runtest_logreport(type("Report", (), {"when": "call", "passed": True})())
+        return 0
+
+
+@pytest.mark.parametrize("spec, code", [("mxcheck.backends.known_bad:TruncForRne", 1), ("emulated", 0)])
+def test_conform_search_runs_after_the_suite_and_a_finding_is_exit_1(tmp_path, capsys, monkeypatch, spec, code):
+    suite = _SuitePassed()
+    monkeypatch.setattr(pytest, "main", suite)
+    got, out, _ = run_cli(capsys, "conform", "--backend", spec, "--recipe", "mxfp4", "--search", "2",
+                          "--properties", "quantize", "--out", tmp_path)
+    assert suite.argv is not None and "--search" not in suite.argv  # the search options stay out of pytest's
+    assert got == code, out
+    assert ("reproducer: python" in out) == bool(code)
+    assert "mxcheck search: backend" in out
