@@ -275,8 +275,13 @@ def _search(hypothesis: Any, factory: Callable[[], Any], recipe: Recipe, seconds
     probe = factory()
     result = SearchResult(_name(probe), recipe.name, seed)
     live: dict[str, Geometry] = {}
+    ok, why_not_here = probe.available() if hasattr(probe, "available") else (True, "")
+    if ok and hasattr(probe, "supports"):
+        ok, why_not_here = probe.supports(recipe)
+        why_not_here = f"does not support recipe {recipe.name}: {why_not_here}"
     for prop in properties:
-        why = _why_not(prop, probe, recipe)
+        why = None if ok else why_not_here or "not available here"
+        why = why or _why_not(prop, probe, recipe)
         geometry = None if why else geometry_of(prop, recipe, getattr(probe, "input_dtypes", None))
         if why or isinstance(geometry, str):
             result.skipped[prop] = why or str(geometry)

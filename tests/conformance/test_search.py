@@ -197,3 +197,20 @@ def test_conform_search_runs_after_the_suite_and_a_finding_is_exit_1(tmp_path, c
     assert got == code, out
     assert ("reproducer: python" in out) == bool(code)
     assert "mxcheck search: backend" in out
+
+
+class _Fp8Only(EmulatedBackend):
+    name = "fp8-only"
+
+    def supports(self, recipe):
+        return (recipe.name == "fp8", "only the fp8 recipe")
+
+    def quantize(self, x, spec, **kw):
+        raise AssertionError("a recipe it does not support was searched")
+
+
+def test_a_recipe_the_backend_does_not_support_is_not_searched():
+    result = search(_Fp8Only, "mxfp4", seconds=1)
+    assert not result.examples and not result.findings
+    assert result.skipped == dict.fromkeys(("quantize", "gemm", "linear"),
+                                           "does not support recipe mxfp4: only the fp8 recipe")
