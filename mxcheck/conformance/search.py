@@ -11,6 +11,9 @@ protocol, on inputs Hypothesis builds (``conformance.search_inputs``):
   check_weight_change) lies inside the same bound around the exact GEMM of the oracle's
   quantized x_row and w_row plus the bias; NaN where the exact output is NaN (check_nan).
 
+An output is judged only where the oracle's own float32 GEMM lies inside the bound: where
+float32 overflows on the way (a partial sum past 2^128), no float32 kernel is held to it.
+
 Hypothesis shrinks a failing input toward one block, the fewest nonzero values and the
 simplest magnitudes; :func:`judge` then explains it as the checks do (counts, blocks,
 causes), and ``conformance.search_repro`` writes it as a script that runs alone.
