@@ -81,6 +81,8 @@ class _Passed:
 def run_conform(args: argparse.Namespace) -> int:
     import pytest  # noqa: PLC0415  (only this command needs pytest)
 
+    # the search's recipes are resolved first: a missing one is a usage error before the suite runs
+    search_recipes = _search_recipes(args) if args.search is not None else []
     with tempfile.TemporaryDirectory(prefix="mxcheck-conform-") as tmp:
         report = str(Path(args.report).resolve()) if args.report else str(Path(tmp) / "report.json")
         if args.report and not Path(report).parent.is_dir():
@@ -92,7 +94,7 @@ def run_conform(args: argparse.Namespace) -> int:
               "must support at least one recipe it is run on.")
         code = 1
     if args.search is not None and code in (0, 1):  # the suite ran (passed or failed): search too
-        found = run_searches(args.backend, _search_recipes(args), args.search, args.seed, args)
+        found = run_searches(args.backend, search_recipes, args.search, args.seed, args)
         code = max(code, found)
     return code
 

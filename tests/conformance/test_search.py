@@ -216,3 +216,11 @@ def test_a_recipe_the_backend_does_not_support_is_not_searched():
     assert not result.examples and not result.findings
     assert result.skipped == dict.fromkeys(("quantize", "gemm", "linear"),
                                            "does not support recipe mxfp4: only the fp8 recipe")
+
+
+def test_conform_search_without_a_recipe_or_claims_is_a_usage_error_before_the_suite_runs(capsys, monkeypatch):
+    suite = _SuitePassed()
+    monkeypatch.setattr(pytest, "main", suite)
+    code, _, err = run_cli(capsys, "conform", "--backend", "emulated", "--search", "1")
+    assert code == 2 and "--search needs a recipe" in err
+    assert suite.argv is None
