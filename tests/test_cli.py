@@ -28,7 +28,7 @@ ROOT = Path(__file__).parents[1]
 DATA = ROOT / "tests" / "test_report"
 SMALL = DATA / "small.json"
 BASELINE = DATA / "baseline.json"
-COMMAND_NAMES = ["conform", "info", "formats", "report", "compare", "divergence", "lint", "tuned-coverage",
+COMMAND_NAMES = ["conform", "search", "info", "formats", "report", "compare", "divergence", "lint", "tuned-coverage",
                  "aiter-log", "shapes", "sweep", "thresholds", "stats", "recipes", "profiles"]
 
 

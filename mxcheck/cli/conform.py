@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from mxcheck.cli.common import CommandError
+from mxcheck.cli.search import add_search_options, parse_seconds, run_searches
 from mxcheck.recipe_files import RECIPE_FILE_SUFFIXES
 
 __all__ = ["conform_args", "pytest_args", "run_conform"]
@@ -35,6 +36,11 @@ def conform_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--require-deps", action="store_true",
                    help="a backend dependency that is missing or at a version it does not support fails "
                         "instead of skipping. Default: %(default)r")
+    p.add_argument("--search", type=parse_seconds, default=None, metavar="SECONDS",
+                   help="after the suite, search each backend on each --recipe (or, without one, on its "
+                        "claims) for SECONDS per recipe with Hypothesis (mxcheck search); a finding is exit 1. "
+                        "Default: %(default)r")
+    add_search_options(p)
     p.add_argument("pytest_extra", nargs=argparse.REMAINDER, metavar="-- PYTEST_ARGS",
                    help="anything after -- goes to pytest (e.g. -- -k quantize -x)")
 
@@ -75,6 +81,8 @@ class _Passed:
 def run_conform(args: argparse.Namespace) -> int:
     import pytest  # noqa: PLC0415  (only this command needs pytest)
 
+    # the search's recipes are resolved first: a missing one is a usage error before the suite runs
+    search_recipes = _search_recipes(args) if args.search is not None else []
     with tempfile.TemporaryDirectory(prefix="mxcheck-conform-") as tmp:
         report = str(Path(args.report).resolve()) if args.report else str(Path(tmp) / "report.json")
         if args.report and not Path(report).parent.is_dir():
@@ -84,5 +92,21 @@ def run_conform(args: argparse.Namespace) -> int:
     if code == 0 and not passed.count:
         print("mxcheck conform: nothing was judged (every test skipped; the reasons are above). A backend "
               "must support at least one recipe it is run on.")
-        return 1
+        code = 1
+    if args.search is not None and code in (0, 1):  # the suite ran (passed or failed): search too
+        found = run_searches(args.backend, search_recipes, args.search, args.seed, args)
+        code = max(code, found)
     return code
+
+
+def _search_recipes(args: argparse.Namespace) -> list[str]:
+    """The recipes ``--search`` runs on: --recipe's, else the first backend's declared claims.
+    A backend that claims nothing is searched on no recipe: name one with --recipe."""
+    if args.recipe:
+        return list(args.recipe)
+    from mxcheck.cli.search import backend_factory  # noqa: PLC0415
+
+    claims = getattr(backend_factory(args.backend[0])[1](), "claims", None)
+    if not claims:
+        raise CommandError("--search needs a recipe: give --recipe NAME (the backend declares no claims)")
+    return [c if isinstance(c, str) else c.name for c in claims]

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import NoReturn
 
 import mxcheck
-from mxcheck.cli import about, analysis, conform, deploy, flux, recipes, reports
+from mxcheck.cli import about, analysis, conform, deploy, flux, recipes, reports, search
 from mxcheck.cli.common import PROG, CommandError
 
 __all__ = ["COMMANDS", "Command", "build_parser", "main"]
@@ -39,6 +39,9 @@ COMMANDS: dict[str, Command] = {
     "conform": Command("run the installed conformance suite on a backend (pytest --pyargs "
                        "mxcheck.conformance.suite); exit 1 on a failure or when nothing was judged",
                        conform.conform_args, conform.run_conform),
+    "search": Command("a Hypothesis search for the smallest input on which a backend differs from the "
+                      "oracle, written as a reproducer; exit 1 when one is found",
+                      search.search_args, search.run_search),
     "info": Command("hardware, packages, backends, and which markers run here",
                     about.info_args, about.run_info),
     "formats": Command("the constants of every element format", about.formats_args,
