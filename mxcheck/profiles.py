@@ -31,6 +31,9 @@ Quirk fields (defaults = OCP MX v1.0 as ``mx_quantize`` does it):
   ``"unsigned"`` (a negative exponent converted to an unsigned byte saturates to 0, so
   every block below 2^0 stores byte 127: AITER's Triton ``dynamic_mxfp4_quant`` on an
   NVIDIA GPU, references/vectors/aiter_triton_mxfp4_h200.pt).
+- ``scale_mbits``: the mantissa width the scale rule rounds the amax to (None: the element
+  format's). Only the even rule reads it: ``1`` for 8-bit elements is e2m1's rule applied to
+  e4m3 (a library whose even rule keeps its MXFP4 constant for every format).
 - ``zero_sign`` (shared, see ``profile_base``) and ``rounding`` (any of ``ROUNDINGS`` but SR,
   ``half_zero`` included).
 """
@@ -80,6 +83,7 @@ class Profile(ProfileBase):
     rceil_reciprocal: bool = False
     subnormal_scale_clamp: float | None = None
     exponent_range: str = "clamp"
+    scale_mbits: int | None = None
 
     scaling: ClassVar[str] = "mx"
     formats: ClassVar[tuple[str, ...]] = MX_ELEMENT_FORMATS
@@ -141,6 +145,9 @@ def _check_profile(p: Profile) -> str:
         return "rceil_reciprocal=True needs scale_rule='rceil' and exponent_source='bits'"
     if p.exponent_range not in EXPONENT_RANGES:
         return f"exponent_range={p.exponent_range!r}; expected one of {list(EXPONENT_RANGES)}"
+    if p.scale_mbits is not None and (p.scale_rule != "even" or p.scale_mbits not in range(1, 8)):
+        return (f"scale_mbits={p.scale_mbits!r} needs scale_rule='even' (the only rule that rounds the amax to a "
+                "mantissa width) and a width in 1..7")
     clamp = p.subnormal_scale_clamp
     if clamp is not None and not (clamp > 0 and math.frexp(clamp)[0] == 0.5):
         return f"subnormal_scale_clamp={clamp!r}; expected None or a positive power of two"
@@ -182,8 +189,22 @@ _LOG2_RULES: dict[str, Callable[[torch.Tensor, FloatFormat], torch.Tensor]] = {
 }
 
 
+@dataclass(frozen=True)
+class _RuleWidth:
+    """What a scale rule reads of the element format (emax, max), at another mantissa width."""
+
+    emax: int
+    max: float
+    mbits: int
+
+
+def _rule_format(p: Profile, fmt: FloatFormat) -> FloatFormat | _RuleWidth:
+    return fmt if p.scale_mbits is None else _RuleWidth(fmt.emax, fmt.max, p.scale_mbits)
+
+
 def _rule_exponent(p: Profile, amax: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
     """The unbiased block exponent before any clamp, from amax's bits or from a log2."""
+    fmt = _rule_format(p, fmt)
     if p.exponent_source == "bits":
         return SCALE_RULES[p.scale_rule](amax.to(torch.float32), fmt)
     a = amax if p.amax_floor is None else torch.clamp(amax, min=p.amax_floor)
@@ -195,6 +216,13 @@ def _log2_exponent(p: Profile, amax, fmt, scales, nan):
     # mx_ops.py::_shared_exponents, torchao _to_mx_rceil: a float32 log2, whose result
     # rounds to k for amax a few ulps below 2^k (aiter_mxfp6_scale_log2.md).
     e = _rule_exponent(p, amax, fmt).clamp(-127, 127) + 127
+    e = torch.where(amax == 0, p.zero_scale, e)
+    return torch.where(torch.isnan(amax), scales, e.to(torch.uint8))
+
+
+def _rule_width(p: Profile, amax, fmt, scales, nan):
+    # the rule at scale_mbits from the amax's bits (a log2 exponent_source reads it in _rule_exponent)
+    e = _rule_exponent(p, amax.to(torch.float32), fmt).clamp(-127, 127) + 127
     e = torch.where(amax == 0, p.zero_scale, e)
     return torch.where(torch.isnan(amax), scales, e.to(torch.uint8))
 
@@ -234,6 +262,7 @@ def _nan_as_zero_block(p: Profile, amax, fmt, scales, nan):
 
 _SCALE_QUIRKS = (
     (lambda p: p.exponent_source != "bits", _log2_exponent),
+    (lambda p: p.exponent_source == "bits" and p.scale_mbits is not None, _rule_width),
     (lambda p: p.rceil_reciprocal, _reciprocal_rceil),
     (lambda p: p.inf_amax_byte is not None, _inf_amax),
     (lambda p: p.nan_policy == "zero_scale", _nan_as_zero_block),

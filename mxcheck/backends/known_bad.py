@@ -197,6 +197,29 @@ class GarbageUnlessKMod256(EmulatedBackend):
         return quant_linear(x, weight, bias, recipe, gemm=self.gemm)
 
 
+# ---- fit (issue 36): conventions a fit must recover, one or several per backend ---------------
+
+
+def _even_at(mbits: int) -> Callable[[torch.Tensor, FloatFormat], torch.Tensor]:
+    """The even scale rule rounding the amax to ``mbits`` mantissa bits whatever the element
+    format (a library that keeps e2m1's constant for its 8-bit MX formats)."""
+    def exponent(amax: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
+        field = ((amax.view(torch.int32) + (1 << (22 - mbits))) >> 23) & 0xFF
+        return field - 127 - fmt.emax
+    return exponent
+
+
+class EvenRuleAtE2M1Width(_SeededBug):
+    """The even scale rule at e2m1's 1-bit mantissa for every element format (measured in a
+    released library's MXFP8: headlined "rceil" before the fit)."""
+
+    name = "bad-even-mantissa"
+
+    def bug(self):
+        return _patched([(_rules, "SCALE_RULES", {**_RULES, "even": _even_at(1)})])
+
+
 KNOWN_BAD: dict[str, type[Any]] = {c.name: c for c in (NibbleSwap, WrongScaleRule, StaleWeight, Bf16Fallback,
                                                         NanToZero, DropsBias, GarbageUnlessKMod256,
-                                                        HalfAwayForRne, TruncForRne, Float32Log2Scale)}
+                                                        HalfAwayForRne, TruncForRne, Float32Log2Scale,
+                                                        EvenRuleAtE2M1Width)}

@@ -157,6 +157,12 @@ CONVENTIONS: tuple[Convention, ...] = (
                "then floored", (8,), "Primus-Turbo MXFP4, AITER MxScaleRoundMode.Even, torchao EVEN"),
     Convention(Profile, "scale_rule", "rceil", "rceil scale rule: ceil(log2(amax / max_elem))", (4,),
                "TE MXFP8, torchao RCEIL"),
+    *(Convention(Profile, "scale_mbits", m, f"even scale rule at {m}-bit mantissa width (another element "
+                 f"format's: {fmts}) for every element format", (), seen, (("scale_rule", "even"),))
+      for m, fmts, seen in ((1, "e2m1", "issue 36: a released library's MXFP8 (not named there)"),
+                            (2, "e3m2, e5m2", ""), (3, "e2m3, e4m3", ""))),
+    Convention(Profile, "amax_floor", 1e-30, "log2 of max(amax, 1e-30): a tiny block gets byte 25", (),
+               "AITER quant_mxfp6_torch", (("exponent_source", "log2_fp32"),)),
     Convention(Profile, "exponent_range", "wrap",
                "block exponent stored unclamped to E8M0's range (the biased exponent kept modulo 256)", ()),
     Convention(Profile, "exponent_range", "unsigned",
@@ -410,20 +416,42 @@ def _convention_behaviour(c: Convention) -> Behaviour:
 CONVENTION_OF: dict[str, Convention] = {c.key: c for c in CONVENTIONS}
 
 
-def combined(first: Behaviour, second: Behaviour) -> Behaviour | None:
-    """Two conventions at once (one kernel may do both: a log2 exponent and no signed zero),
-    or None where either is not a convention or they set one field to two values."""
-    a, b = CONVENTION_OF.get(first.key), CONVENTION_OF.get(second.key)
-    if a is None or b is None or a.kind is not b.kind:
+def combined(*behaviours: Behaviour) -> Behaviour | None:
+    """Several conventions at once (one kernel may do three: the even rule, -0 lost, an Inf
+    byte), with failures (``FAILURES``) applied to their tensor after, in the order given;
+    None where a behaviour is neither, the conventions are of two kinds, or they set one
+    field to two values."""
+    convs = [CONVENTION_OF.get(b.key) for b in behaviours]
+    failures = [b for b, c in zip(behaviours, convs, strict=True) if c is None]
+    convs = [c for c in convs if c is not None]
+    if len(behaviours) < 2 or any(b not in FAILURES for b in failures) or len({c.kind for c in convs}) > 1:
         return None
-    fields = dict(((a.field, a.value), *a.also))
-    for f, v in ((b.field, b.value), *b.also):
-        if fields.setdefault(f, v) != v:
+    fields: dict[str, Any] = {}
+    for c in convs:
+        for f, v in ((c.field, c.value), *c.also):
+            if fields.setdefault(f, v) != v:
+                return None
+    title = ", together with ".join(b.title for b in behaviours)
+    cases = tuple(sorted({n for b in behaviours for n in b.cases}))
+    seen = "; ".join(filter(None, (b.seen_in for b in behaviours)))
+    key = " & ".join(b.key for b in behaviours)
+    if convs:
+        a = convs[0]
+        first = _convention_run(Convention(a.kind, a.field, a.value, title, cases, seen,
+                                           tuple((f, v) for f, v in fields.items() if f != a.field)))
+    else:
+        def first(x: torch.Tensor, spec: OperandSpec, oracle: Any) -> Any:
+            return oracle
+
+    def run(x: torch.Tensor, spec: OperandSpec, oracle: Any) -> Any:
+        q = first(x, spec, oracle) if convs else oracle
+        if q is None:
             return None
-    both = Convention(a.kind, a.field, a.value, f"{a.title}, together with {b.title}",
-                      tuple(sorted({*a.cases, *b.cases})), "; ".join(filter(None, (a.seen_in, b.seen_in))),
-                      tuple((f, v) for f, v in fields.items() if f != a.field))
-    return replace(_convention_behaviour(both), key=f"{first.key} & {second.key}")
+        for b in failures:
+            moved = b.run(x, spec, q)
+            q = q if moved is None else moved
+        return q
+    return Behaviour(key, title, "quantize", run, cases, seen)
 
 
 QUANTIZE_BEHAVIOURS: tuple[Behaviour, ...] = (

@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from mxcheck.diagnose.behaviour import Attribution, Behaviour, render_attributions
-from mxcheck.diagnose.catalogue import combined, element_format
+from mxcheck.diagnose.behaviour import Attribution, Behaviour, render_attributions, split_fits
+from mxcheck.diagnose.catalogue import CONVENTION_OF, combined, element_format
 from mxcheck.formats import decode_table
 from mxcheck.recipes import OperandSpec
 from mxcheck.scaling.fp8 import FP8Tensor
@@ -26,7 +26,7 @@ from mxcheck.scaling.nvfp4 import NVFP4Tensor
 from mxcheck.scaling.rules import E8M0_NAN
 
 __all__ = ["QUANTIZE_FIELDS", "FieldCount", "QuantizeDiff", "attribute", "compare_quantized", "compared_fields",
-           "diagnose", "report", "summary"]
+           "diagnose", "nan_scale_blocks", "report", "summary"]
 
 # The fields of the contract (mxcheck.backends.contract.QuantizeBackend), scales first: a
 # wrong scale explains the codes after it. ``amax`` and FP8's ``scale`` are left out: the
@@ -42,9 +42,11 @@ def compared_fields(oracle: Any) -> tuple[str, ...]:
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
-    """Integer bits of t, so NaN payloads, signs and -0 count."""
+    """Integer bits of t, so signs and -0 count; every NaN of a float field is one NaN (its
+    payload and sign are not part of the contract: any NaN equals any NaN)."""
     t = t.detach().cpu()
     if t.dtype.is_floating_point:
+        t = torch.where(torch.isnan(t), torch.tensor(math.nan, dtype=t.dtype), t)
         return t.contiguous().view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]).to(torch.int64)
     return t.to(torch.int64)
 
@@ -71,12 +73,22 @@ def _block_ids(oracle: Any) -> tuple[str, torch.Tensor, int]:
     return name, _expand(ids, codes.shape), scale.numel()
 
 
+def nan_scale_blocks(q: Any) -> torch.Tensor | None:
+    """Per block, its scale is NaN (MX: E8M0 byte 0xFF; NVFP4: the ue4m3 NaN 0x7F, either
+    sign bit), or None for a tensor with no block scales."""
+    if isinstance(q, MXTensor) and isinstance(q.scales, torch.Tensor):
+        return q.scales == E8M0_NAN
+    if isinstance(q, NVFP4Tensor) and isinstance(q.block_scales, torch.Tensor):
+        return (q.block_scales & 0x7F) == 0x7F
+    return None
+
+
 def _nan_blocks(q: Any) -> torch.Tensor | None:
-    """Elements of MX blocks whose scale byte is NaN: OCP MX 6.3 makes them all NaN, so their
-    codes are not part of the contract (check_quantize does the same)."""
-    if not isinstance(q, MXTensor) or not isinstance(q.scales, torch.Tensor):
-        return None
-    return _expand((q.scales == E8M0_NAN).cpu(), q.codes.shape)
+    """Elements of blocks whose scale is NaN: every element decodes to NaN (OCP MX 6.3; an
+    NVFP4 block scale of 0x7F), so their codes are not part of the contract (check_quantize
+    does the same)."""
+    nan = nan_scale_blocks(q)
+    return None if nan is None else _expand(nan.cpu(), q.codes.shape)
 
 
 def field_problem(name: str, got: Any, want: torch.Tensor) -> str:
@@ -136,6 +148,7 @@ class QuantizeDiff:
     unexplained: int = 0
     explained: torch.Tensor | None = None  # bool per block: some behaviour reproduces it
     examined: torch.Tensor | None = None  # bool per block: in the rows attribution ran on
+    fit: Any = None  # mxcheck.diagnose.fit.Fit on the rows examined, where profiles model the spec
 
     @property
     def n_differing(self) -> int:
@@ -277,13 +290,17 @@ def _differing_rows(d: QuantizeDiff, blocks: torch.Tensor, limit: int | None) ->
     return rows if limit is None else rows[:limit]
 
 
-def attribute(d: QuantizeDiff, behaviours: tuple[Behaviour, ...], first: tuple[Behaviour, ...] = ()) -> QuantizeDiff:
+def attribute(d: QuantizeDiff, behaviours: tuple[Behaviour, ...], first: tuple[Behaviour, ...] = (),
+              start: Any = None) -> QuantizeDiff:
     """Name each quantize behaviour for the differing blocks whose every field it reproduces,
     and count the agreeing blocks (in the rows it ran on) it would change. A behaviour is
     screened on a few rows holding differing blocks (first those no behaviour has explained
     yet) and run on every such row only where it reproduced one there. ``first``: behaviours
     that explained another comparison of the same check; they run before any screening, and
-    when they explain every block the others are not tried."""
+    when they explain every block the others are not tried. Then the fit
+    (``mxcheck.diagnose.fit``, from ``start``: another comparison's fit of the same spec)
+    combines as many conventions and failures as the blocks need, and is named where it
+    combines several."""
     if d.differing is None or not d.n_differing:
         return d
     full = _rows(d, _differing_rows(d, d.differing, ATTRIBUTION_ROWS))
@@ -305,23 +322,41 @@ def attribute(d: QuantizeDiff, behaviours: tuple[Behaviour, ...], first: tuple[B
         for b in tried:
             _count(d, b, full)
         tried = []
-    _pairs(d, full)
+    _fitted(d, full, start)
     d.unexplained = int((d.differing & d.examined & ~d.explained).sum())
     return d
 
 
-PAIRED = 6  # named conventions tried two at a time where blocks are left unexplained
+def _fitted(d: QuantizeDiff, full: _Rows, start: Any) -> None:
+    """The fit on the rows examined; named where it combines conventions or failures (a
+    single one is in the catalogue already) and reproduces blocks."""
+    from mxcheck.diagnose.fit import FitCase, fit  # noqa: PLC0415 (fit scores with this module's comparison)
+
+    try:
+        case = FitCase(full.x, d.spec, full.oracle, full.kernel, d.label)
+    except ValueError:
+        return
+    d.fit = fit([case], start)
+    if d.fit is None:  # 2D tiles, padding: conventions named so far, two at a time
+        _pairs(d, full)
+        return
+    behaviour = d.fit.behaviour() if d.fit.size > 1 else None
+    if behaviour is not None and all(a.behaviour.key != behaviour.key for a in d.attributions):
+        _count(d, behaviour, full)
+
+
+PAIRED = 6  # named conventions tried two at a time where the fit cannot run
 
 
 def _pairs(d: QuantizeDiff, full: _Rows) -> None:
-    """Blocks no single behaviour reproduces may show two conventions at once (one hides the
-    other in a first-difference report): each pair of the conventions named so far."""
+    """Where profiles cannot model the spec (2D tiles: conventions run on tiles as blocks),
+    blocks no single behaviour reproduces may show two conventions at once."""
     named = [a.behaviour for a in d.attributions][:PAIRED]
     for i, first in enumerate(named):
         for second in named[i + 1:]:
             if not bool((d.differing & d.examined & ~d.explained).any()):
                 return
-            both = combined(first, second)
+            both = combined(first, second) if first.key in CONVENTION_OF and second.key in CONVENTION_OF else None
             if both is not None:
                 _count(d, both, full)
 
@@ -439,24 +474,31 @@ def _best(d: QuantizeDiff) -> str:
 
 
 def summary(diffs: list[QuantizeDiff]) -> list[str]:
-    """Each behaviour over every comparison it reproduces blocks in: how many of the
-    differing blocks examined there it reproduces, in how many comparisons."""
+    """Each behaviour over the comparisons where it heads the text (an exact fit there:
+    ``split_fits``): how many of the differing blocks examined there it reproduces, in how
+    many comparisons. A behaviour that is a weaker fit in every comparison it touches is
+    named only on a last line, as weaker: as in each comparison's text, it heads nothing."""
     totals: dict[str, list[Any]] = {}
+    weaker: dict[str, Behaviour] = {}
     for d in diffs:
-        for a in d.attributions:
-            t = totals.setdefault(a.behaviour.key, [a.behaviour, 0, 0, 0, 0])
+        exact, weak = split_fits(d.attributions, d.n_examined)
+        for a in weak:
+            weaker.setdefault(a.behaviour.key, a.behaviour)
+        for a in exact:
+            t = totals.setdefault(a.behaviour.key, [a.behaviour, 0, 0])
             t[1] += a.reproduced
-            t[2] += a.differing
-            t[3] += 1
-            t[4] += a.also_changes
+            t[2] += 1
     examined = sum(d.n_examined for d in diffs)
     unexplained = sum(d.unexplained for d in diffs)
-    ranked = sorted(totals.values(), key=lambda t: (t[4] > 0, -t[1], t[0].key))
+    ranked = sorted(totals.values(), key=lambda t: (-t[1], t[0].key))
     lines = [f"{rep:,} of the {examined:,} differing blocks examined are reproduced by: {b.describe()} "
-             f"(in {n} of {len(diffs)} comparisons{'' if not changed else f'; it also changes {changed:,} right ones'})"
-             for b, rep, _, n, changed in ranked[:3]]
+             f"(in {n} of {len(diffs)} comparisons)" for b, rep, n in ranked[:3]]
     if len(ranked) > 3:
         lines.append(f"... {len(ranked) - 3} more behaviours fit some blocks (per comparison below)")
+    only_weaker = [b.title for k, b in weaker.items() if k not in totals]
+    if only_weaker:
+        lines.append("weaker fits, not a cause (they explain fewer blocks or change blocks the kernel gets right): "
+                     + "; ".join(only_weaker[:3]) + (f"; and {len(only_weaker) - 3} more" if len(only_weaker) > 3 else ""))
     if unexplained:
         lines.append(f"{unexplained:,} of the {examined:,} differing blocks examined are reproduced by no known "
                      "behaviour")

@@ -1,0 +1,62 @@
+"""Fit a backend's quantizer: the profile that reproduces it on the quantize check's inputs.
+
+``fit_backend`` runs the backend and the oracle on every input family and tensor dtype of
+``check_quantize`` (``QUANTIZE_INPUTS``, ``QUANTIZE_DTYPES``) for each operand copy of a
+recipe, and fits one profile per operand spec (``mxcheck.diagnose.fit``): x_row and w_row
+share a fit where their specs are one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from mxcheck.conformance.basic import (
+    DEFAULT_INPUT_DTYPES,
+    QUANTIZE_DTYPES,
+    QUANTIZE_INPUTS,
+    _input_label,
+)
+from mxcheck.conformance.inputs import training_like
+from mxcheck.diagnose.fit import Fit, FitCase, fit
+from mxcheck.gemm import quantize_operand
+from mxcheck.recipes import OperandSpec, Recipe
+
+__all__ = ["OperandFit", "fit_backend", "fit_cases"]
+
+OPERANDS = ("x_row", "w_row")
+
+
+def fit_cases(backend: Any, recipe: Recipe, gen: torch.Generator, rows: int = 256, cols: int = 512,
+              operands: tuple[str, ...] = OPERANDS) -> dict[OperandSpec, list[FitCase]]:
+    """The comparisons of the quantize check (smaller with ``rows``, ``cols``: multiples of
+    32), grouped by operand spec."""
+    accepted = tuple(getattr(backend, "input_dtypes", DEFAULT_INPUT_DTYPES))
+    out: dict[OperandSpec, list[FitCase]] = {}
+    for what, kw in QUANTIZE_INPUTS.items():
+        for name in operands:
+            spec = recipe.spec(name)
+            values = training_like(gen, rows, cols, spec, **kw)
+            for dtype in (d for d in QUANTIZE_DTYPES[what] if d in accepted):
+                t = values.to(dtype)
+                ours, theirs = quantize_operand(t, spec), backend.quantize(t, spec)
+                out.setdefault(spec, []).append(FitCase(t, spec, ours, theirs, f"{name}, {_input_label(what, dtype)}"))
+    return out
+
+
+@dataclass(frozen=True)
+class OperandFit:
+    """The fit of the operand copies that share one spec (None: profiles cannot model it)."""
+
+    operands: tuple[str, ...]
+    spec: OperandSpec
+    fit: Fit | None
+
+
+def fit_backend(backend: Any, recipe: Recipe, seed: int = 0, rows: int = 256, cols: int = 512) -> list[OperandFit]:
+    """One fit per distinct operand spec of the recipe's x_row and w_row."""
+    cases = fit_cases(backend, recipe, torch.Generator().manual_seed(seed), rows, cols)
+    names = {spec: tuple(n for n in OPERANDS if recipe.spec(n) == spec) for spec in cases}
+    return [OperandFit(names[spec], spec, fit(group)) for spec, group in cases.items()]
