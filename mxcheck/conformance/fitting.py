@@ -55,8 +55,9 @@ class OperandFit:
     fit: Fit | None
 
 
-def fit_backend(backend: Any, recipe: Recipe, seed: int = 0, rows: int = 256, cols: int = 512) -> list[OperandFit]:
-    """One fit per distinct operand spec of the recipe's x_row and w_row."""
-    cases = fit_cases(backend, recipe, torch.Generator().manual_seed(seed), rows, cols)
-    names = {spec: tuple(n for n in OPERANDS if recipe.spec(n) == spec) for spec in cases}
+def fit_backend(backend: Any, recipe: Recipe, seed: int = 0, rows: int = 256, cols: int = 512,
+                operands: tuple[str, ...] = OPERANDS) -> list[OperandFit]:
+    """One fit per distinct operand spec of the recipe's ``operands`` (x_row and w_row)."""
+    cases = fit_cases(backend, recipe, torch.Generator().manual_seed(seed), rows, cols, operands)
+    names = {spec: tuple(n for n in operands if recipe.spec(n) == spec) for spec in cases}
     return [OperandFit(names[spec], spec, fit(group)) for spec, group in cases.items()]

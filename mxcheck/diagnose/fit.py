@@ -185,7 +185,8 @@ class Fit:
 
     @property
     def fields(self) -> dict[str, Any]:
-        return _State(self.conventions, self.failures).fields()
+        """The profile fields the fit sets otherwise than ``base``."""
+        return {f: v for f, v in _State(self.conventions, self.failures).fields().items() if getattr(self.base, f) != v}
 
     @property
     def size(self) -> int:
