@@ -164,3 +164,13 @@ def test_a_fit_is_none_where_profiles_cannot_model_the_spec():
     assert fit([FitCase(x, spec, q, q)]) is None
     assert isinstance(fit([FitCase(x, RECIPES["mxfp8"].x_row, quantize_operand(x, RECIPES["mxfp8"].x_row),
                                    quantize_operand(x, RECIPES["mxfp8"].x_row))]), Fit)
+
+
+def test_a_weaker_fit_never_heads_the_text_even_when_nothing_fits_exactly():
+    from mxcheck.diagnose import CATALOGUE, Attribution, render_attributions
+
+    rceil = CATALOGUE["mx.scale_rule=rceil"]
+    lines = render_attributions([Attribution(rceil, 12_884, 13_625, "blocks", also_changes=57)], 13_625, 741)
+    assert not any(" are reproduced by: " in line for line in lines), lines
+    assert lines[0].startswith("no known behaviour reproduces any of the 13,625 differing blocks"), lines
+    assert "weaker fits, not a cause" in lines[1] and rceil.title in lines[1], lines
