@@ -57,8 +57,8 @@ from mxcheck.scaling.mx import MX_ELEMENT_FORMATS, MXTensor, e8m0_reciprocal, mx
 from mxcheck.scaling.rules import E8M0_NAN, SCALE_RULES
 
 __all__ = ["ALL_PROFILES", "EXPONENT_RANGES", "EXPONENT_SOURCES", "FP8_PROFILES", "NAN_POLICIES", "NVFP4_PROFILES",
-           "PROFILES", "QUIRK_FIELDS", "AnyProfile", "FP8Profile", "NVFP4Profile", "Profile", "get_profile",
-           "pin_problem", "pinned_fields"]
+           "PROFILES", "PROFILE_KINDS", "QUIRK_FIELDS", "AnyProfile", "FP8Profile", "NVFP4Profile", "Profile",
+           "get_profile", "pin_problem", "pinned_fields", "register_profile"]
 
 EXPONENT_SOURCES = ("bits", "log2_fp32", "log2_input")
 EXPONENT_RANGES = ("clamp", "wrap", "unsigned")
@@ -395,6 +395,23 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
 AnyProfile = Profile | NVFP4Profile | FP8Profile
 ALL_PROFILES: dict[str, AnyProfile] = {**PROFILES, **NVFP4_PROFILES, **FP8_PROFILES}
 """Every named profile, MX first; ``get_profile`` looks names up here."""
+
+
+PROFILE_KINDS: dict[str, type] = {"mx": Profile, "nvfp4": NVFP4Profile, "tensor": FP8Profile}
+"""Each profile kind by the OperandSpec scaling it pins (the ``kind`` of a profile in a file)."""
+
+
+def register_profile(p: AnyProfile) -> AnyProfile:
+    """Make p known by its name (``get_profile``, ``OperandSpec(profile=)``): a profile
+    stated as data (a recipe file, a fit). Registering the same profile again is a no-op;
+    another profile under a known name is a ValueError."""
+    if not isinstance(p, ProfileBase):
+        raise TypeError(f"profile={p!r}; expected a Profile, NVFP4Profile or FP8Profile")
+    have = ALL_PROFILES.get(p.name)
+    if have is not None and have != p:
+        raise ValueError(f"profile {p.name!r} is already known with other fields; name it otherwise")
+    ALL_PROFILES[p.name] = p
+    return p
 
 
 def get_profile(profile: str | AnyProfile, scaling: str | None = None) -> AnyProfile:

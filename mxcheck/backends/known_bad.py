@@ -210,13 +210,17 @@ def _even_at(mbits: int) -> Callable[[torch.Tensor, FloatFormat], torch.Tensor]:
 
 
 class EvenRuleAtE2M1Width(_SeededBug):
-    """The even scale rule at e2m1's 1-bit mantissa for every element format (measured in a
-    released library's MXFP8: headlined "rceil" before the fit)."""
+    """Every MX operand with the even scale rule at e2m1's 1-bit mantissa, whatever the
+    recipe's rule and element format (measured in a released library's MXFP8: headlined
+    "rceil" before the fit)."""
 
     name = "bad-even-mantissa"
 
     def bug(self):
         return _patched([(_rules, "SCALE_RULES", {**_RULES, "even": _even_at(1)})])
+
+    def quantize(self, x, spec, **kw):
+        return super().quantize(x, replace(spec, scale_rule="even") if spec.scaling == "mx" else spec, **kw)
 
 
 KNOWN_BAD: dict[str, type[Any]] = {c.name: c for c in (NibbleSwap, WrongScaleRule, StaleWeight, Bf16Fallback,

@@ -33,8 +33,7 @@ from mxcheck.diagnose.catalogue import (
     combined,
     spec_profile,
 )
-from mxcheck.diagnose.quantize import (
-    QuantizeDiff,
+from mxcheck.diagnose.compare import (
     _anchor_rows,
     _block_ids,
     _cpu,
@@ -303,7 +302,7 @@ def _result(base: AnyProfile, state: _State, cases: Sequence[FitCase], oks: list
     return Fit(base, state.conventions, state.failures, blocks, matched, differing, reproduced, broken, residual)
 
 
-def fit_diffs(diffs: Sequence[QuantizeDiff], start: Fit | None = None) -> Fit | None:
-    """The fit over failing comparisons of one spec (``compare_quantized``'s results)."""
+def fit_diffs(diffs: Sequence[Any], start: Fit | None = None) -> Fit | None:
+    """The fit over failing comparisons of one spec (``quantize.compare_quantized``'s results)."""
     cases = [FitCase(d.x, d.spec, d.oracle, d.kernel, d.label) for d in diffs if not d.problem]
     return fit(cases, start)

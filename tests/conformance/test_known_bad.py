@@ -32,6 +32,7 @@ EXPECTED = {
     "bad-half-away": ("mxfp4", "quantize", "mx.rounding=half_away"),
     "bad-trunc": ("mxfp4", "quantize", "mx.rounding=trunc"),
     "bad-log2-scale": ("mxfp4", "quantize", "mx.exponent_source=log2_fp32"),
+    "bad-even-mantissa": ("mxfp8", "quantize", "mx.scale_mbits=1+mx.scale_rule=even"),
 }
 
 
