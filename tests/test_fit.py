@@ -174,3 +174,38 @@ def test_a_weaker_fit_never_heads_the_text_even_when_nothing_fits_exactly():
     assert not any(" are reproduced by: " in line for line in lines), lines
     assert lines[0].startswith("no known behaviour reproduces any of the 13,625 differing blocks"), lines
     assert "weaker fits, not a cause" in lines[1] and rceil.title in lines[1], lines
+
+
+def test_fit_cli_writes_a_recipe_file_that_pins_the_fitted_profile(tmp_path, capsys):
+    """mxcheck fit --write: the file states the fitted profile inline; the quantize check
+    on that recipe then passes the backend the recipe it claims failed."""
+    from mxcheck.cli.main import main
+    from mxcheck.recipe_files import load_recipe_file
+
+    backend = "mxcheck.backends.known_bad:EvenRuleAtE2M1Width"
+    path = tmp_path / "fitted.yaml"
+    assert main(["fit", "--backend", backend, "--recipe", "mxfp8", "--write", str(path)]) == 0
+    printed = capsys.readouterr().out
+    assert "mxfp8 x_row+w_row = profile(scale_mbits=1, scale_rule='even') + residual 0 blocks" in printed, printed
+    recipe = load_recipe_file(path)
+    assert recipe.x_row.profile == "mxfp8.x_row+w_row.fitted" and recipe.x_row.scale_rule == "even"
+    gen = torch.Generator().manual_seed(0)
+    assert CHECKS["quantize"](KNOWN_BAD["bad-even-mantissa"](), recipe, gen) is None
+
+
+def test_an_inline_profile_in_a_recipe_file_is_checked_key_by_key(tmp_path):
+    from mxcheck.recipe_files import load_recipe_file
+
+    path = tmp_path / "r.yaml"
+    path.write_text("name: r\nall: {fmt: e4m3, scaling: mx}\n"
+                    "x_row: {profile: {kind: mx, name: r.x, scale_rule: even, inf_amax_bite: 254}}\n")
+    with pytest.raises(ValueError, match=r"key 'x_row.profile.inf_amax_bite' is not known.*inf_amax_byte"):
+        load_recipe_file(path)
+    path.write_text("name: r\nall: {fmt: e4m3, scaling: mx}\n"
+                    "x_row: {profile: {kind: mx, name: r.x2, scale_rule: even, inf_amax_byte: 254, zero_sign: never}}\n")
+    recipe = load_recipe_file(path)
+    assert (recipe.x_row.profile, recipe.x_row.scale_rule) == ("r.x2", "even")
+    from mxcheck.profiles import get_profile
+
+    p = get_profile("r.x2")
+    assert (p.inf_amax_byte, p.zero_sign, p.fmt) == (254, "never", None)
