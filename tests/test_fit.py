@@ -93,13 +93,22 @@ def test_fit_recovers_every_registered_profile(name):
 def test_fit_combines_three_conventions_at_once():
     """The even rule, -0 lost and the Inf byte 254 on an rceil recipe (a released QAT
     library's MX, issue 36): the fit names all three, residual 0; pairs could not."""
-    base = ALL_PROFILES["ocp"]
-    kernel = replace(base, name="three", scale_rule="even", zero_sign="never", inf_amax_byte=254)
-    recipe = RECIPES["mxfp8"]  # rceil
-    (found,) = fit_backend(ProfileBackend(kernel), recipe, operands=("x_row",))
+    (found,) = fit_backend(KNOWN_BAD["bad-three-conventions"](), RECIPES["mxfp8"], operands=("x_row",))
     fields = found.fit.fields
     assert fields == {"scale_rule": "even", "zero_sign": "never", "inf_amax_byte": 254}, found.fit.text()
     assert found.fit.residual == 0
+
+
+def test_fit_names_nvfp4_scale_arithmetic_in_bf16():
+    """Not in KNOWN_BAD (the quantize check's NVFP4 inputs keep a bf16-exact tensor scale):
+    on Gaussian rows with an odd amax the fit names bf16 scale arithmetic."""
+    from mxcheck.backends.known_bad import NVFP4Bf16Scales
+    from mxcheck.gemm import quantize_operand
+
+    spec = RECIPES["nvfp4"].x_row
+    x = torch.randn(64, 256, generator=torch.Generator().manual_seed(2)) * 3.1
+    f = fit([FitCase(x, spec, quantize_operand(x, spec), NVFP4Bf16Scales().quantize(x, spec))])
+    assert f.fields == {"scale_dtype": "bfloat16"} and f.residual == 0, f.text()
 
 
 def _failure(backend, recipe: Recipe) -> str:

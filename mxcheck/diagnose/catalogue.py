@@ -223,6 +223,12 @@ CONVENTIONS: tuple[Convention, ...] = (
     Convention(NVFP4Profile, "block_scale_min", 2.0**-9, "NVFP4 block scale floored at 2^-9", (15,),
                "ModelOpt"),
     Convention(NVFP4Profile, "zero_block_scale", 1.0, "an NVFP4 zero block scale becomes 1.0", (15,), "ModelOpt"),
+    Convention(NVFP4Profile, "underflow_block_scale", 0.125, "an NVFP4 block scale stored as 0 (a zero block, or "
+               "one that underflows) becomes 0.125, e4m3's epsilon", (), "issue 36: a released NVFP4 library"),
+    Convention(NVFP4Profile, "nonfinite_tensor_scale", 1.0, "a NaN or Inf NVFP4 tensor amax falls back to "
+               "per-tensor scale 1", (), "issue 36: a released NVFP4 library"),
+    *(Convention(NVFP4Profile, "scale_dtype", dt, f"NVFP4 scale arithmetic in {dt} (per-tensor and block scales "
+                 f"rounded to {dt} before the ue4m3 cast)", ()) for dt in ("bfloat16", "float16")),
     # FP8 tensorwise scale arithmetic
     Convention(FP8Profile, "scale_formula", "te", "FP8 scale fp8_max / amax (TE: amax 0 or Inf gives scale 1)",
                (16,), "TransformerEngine"),
@@ -230,6 +236,8 @@ CONVENTIONS: tuple[Convention, ...] = (
                "Primus-Turbo, torchao"),
     Convention(FP8Profile, "scale_arithmetic", "input_reciprocal", "FP8 scale computed in the input's dtype "
                "(bf16 scale arithmetic)", (), "torchao 0.5 amax_to_scale", (("scale_formula", "primus_turbo"),)),
+    *(Convention(FP8Profile, "scale_arithmetic", dt, f"FP8 scale rounded to {dt} (scale arithmetic in {dt})", ())
+      for dt in ("bfloat16", "float16")),
     Convention(FP8Profile, "multiply_dtype", "input", "x * scale rounded to the input's dtype before the cast",
                (), "torchao 0.5 _ToFloat8ConstrFunc"),
 )
@@ -321,6 +329,41 @@ def _special_zeroes_block(x: torch.Tensor, spec: OperandSpec, oracle: Any) -> An
     return replace(oracle, codes=torch.where(per_element, 0, oracle.codes).to(torch.uint8), **{field: scales})
 
 
+def _signed_zero_block(x: torch.Tensor, spec: OperandSpec, oracle: Any) -> Any:
+    # As _special_zeroes_block, but each zero code keeps its element's sign (x < 0 -> -0):
+    # a block failure that writes 0x8 in e2m1 where the catalogue's writes +0.
+    q = _special_zeroes_block(x, spec, oracle)
+    if q is None:
+        return None
+    fmt, found = element_format(oracle), _block_mask(oracle, _specials(x))
+    blocks = found[1].repeat_interleave(oracle.codes.shape[-1] // found[1].shape[-1], dim=-1)
+    sign = (x < 0).to(torch.uint8) << (fmt.bits - 1)
+    return _with_codes(q, torch.where(blocks & (x.shape == q.codes.shape), sign, q.codes).to(torch.uint8))
+
+
+def _inf_block_byte_127(x: torch.Tensor, spec: OperandSpec, oracle: Any) -> Any:
+    # A block holding an Inf stores scale byte 127 (MX: 2^0; NVFP4 ue4m3: 0x7F, NaN) with every code 0.
+    found = _block_mask(oracle, torch.isinf(x))
+    if found is None or not bool(found[1].any()):
+        return None
+    field, blocks = found
+    per_element = blocks.repeat_interleave(oracle.codes.shape[-1] // blocks.shape[-1], dim=-1)
+    scales = torch.where(blocks, torch.tensor(127, dtype=torch.uint8), getattr(oracle, field))
+    return replace(oracle, codes=torch.where(per_element, 0, oracle.codes).to(torch.uint8), **{field: scales})
+
+
+def _canonical_nan_code(x: torch.Tensor, spec: OperandSpec, oracle: Any) -> Any:
+    # CUDA's float -> e4m3 conversion writes 0x7F for every NaN, whatever its sign.
+    fmt = element_format(oracle)
+    if fmt.nan_code is None or fmt.nan == "fnuz":
+        return None
+    c = oracle.codes
+    nan = (c & fmt.magnitude_mask) == fmt.nan_code
+    if not bool((nan & (c != fmt.nan_code)).any()):
+        return None
+    return _with_codes(oracle, torch.where(nan, fmt.nan_code, c).to(torch.uint8))
+
+
 def _nan_whole_tensor(x: torch.Tensor, spec: OperandSpec, oracle: Any) -> Any:
     # One NaN reaches a tensor-wide reduction and every scale (so every value) becomes NaN.
     if not bool(torch.isnan(x).any()):
@@ -394,6 +437,8 @@ NOT_BLOCK_BEHAVIOURS: dict[int, str] = {
 FAILURES: tuple[Behaviour, ...] = (
     Behaviour("nibble_order", "fp4 element pairs swapped (element 0 in the high nibble)", "quantize", _nibble_swap,
               (19,), "torchao before 2025-10 (pytorch/ao#2939)"),
+    Behaviour("canonical_nan_code", "every NaN code is the positive NaN (CUDA writes 0x7F for an e4m3 NaN)",
+              "quantize", _canonical_nan_code, (9,), "CUDA __nv_cvt_float_to_fp8 on the H200 (issue 36)"),
     Behaviour("nan_code_sign", "NaN codes with the other sign bit", "quantize", _nan_code_sign, (9, 11)),
     Behaviour("inf_not_saturated", "an Inf input element gives an Inf or NaN code instead of the saturated "
               "maximum", "quantize", _inf_not_saturated, (12,), "torch and ml_dtypes casts without satfinite"),
@@ -401,6 +446,11 @@ FAILURES: tuple[Behaviour, ...] = (
     Behaviour("daz_inputs", "subnormal inputs read as zero (DAZ)", "quantize", _daz),
     Behaviour("special_zeroes_block", "a NaN or Inf zeroes its whole block", "quantize", _special_zeroes_block,
               (6,), "AITER quant_mxfp6_torch (NaN)"),
+    Behaviour("special_zeroes_block_signed", "a NaN or Inf zeroes its whole block, each zero with its "
+              "element's sign (x < 0 gives -0)", "quantize", _signed_zero_block, (6,),
+              "issue 36: a released QAT library"),
+    Behaviour("inf_block_byte_127", "a block holding an Inf stores scale byte 127 with every code 0", "quantize",
+              _inf_block_byte_127, (), "issue 36: a released NVFP4 library"),
     Behaviour("nan_whole_tensor", "a NaN spreads over the whole tensor (every scale NaN)", "quantize",
               _nan_whole_tensor),
     Behaviour("fp8_amax_no_special_case", "FP8 scale fp8_max / amax with no case for a NaN or Inf amax "
