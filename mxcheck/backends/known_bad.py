@@ -274,6 +274,18 @@ class ThreeConventions(_ProfileBug):
                                                             "inf_amax_byte": 254}
 
 
+class FastAccumulation(EmulatedBackend):
+    """GEMMs accumulated with 13 mantissa bits between float32 promotions every 128 products
+    (Hopper FP8 fast accumulation; torch._scaled_mm on the H200, issue 36)."""
+
+    name = "bad-fast-accumulation"
+
+    def gemm(self, a, b, *, out_dtype=torch.bfloat16, bias=None):
+        from mxcheck.diagnose.outputs import ReducedAccumulation  # noqa: PLC0415
+
+        out = ReducedAccumulation()(a, b, out_dtype=torch.float64)
+        return (out if bias is None else out + bias.double()).to(out_dtype)
+
 class InfBlockByte127(EmulatedBackend):
     """A block holding an Inf stores scale byte 127 with every code 0 (issue 36)."""
 
@@ -309,4 +321,4 @@ KNOWN_BAD: dict[str, type[Any]] = {c.name: c for c in (NibbleSwap, WrongScaleRul
                                                         HalfAwayForRne, TruncForRne, Float32Log2Scale,
                                                         EvenRuleAtE2M1Width, NVFP4EpsBlockScale,
                                                         NVFP4NonfiniteAmaxScaleOne, ThreeConventions,
-                                                        InfBlockByte127, CudaNanCode)}
+                                                        InfBlockByte127, CudaNanCode, FastAccumulation)}

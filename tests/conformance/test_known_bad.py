@@ -38,6 +38,7 @@ EXPECTED = {
     "bad-three-conventions": ("mxfp8", "quantize", "mx.scale_rule=even & mx.inf_amax_byte=254 & mx.zero_sign=never"),
     "bad-inf-block-127": ("mxfp8", "quantize", "inf_block_byte_127"),
     "bad-cuda-nan-code": ("fp8", "quantize", "canonical_nan_code"),
+    "bad-fast-accumulation": ("fp8", "gemm", "gemm-reduced-accumulation"),
 }
 
 
