@@ -218,3 +218,34 @@ def test_an_inline_profile_in_a_recipe_file_is_checked_key_by_key(tmp_path):
 
     p = get_profile("r.x2")
     assert (p.inf_amax_byte, p.zero_sign, p.fmt) == (254, "never", None)
+
+
+def test_dump_writes_every_differing_block_of_every_comparison(tmp_path, monkeypatch):
+    """--mxcheck-dump: every failing comparison in one .pt, every differing block in it
+    (the report shows a few in full), loaded with one call."""
+    from mxcheck.diagnose import load_dump
+    from mxcheck.diagnose.dump import DUMP_ENV
+
+    monkeypatch.setenv(DUMP_ENV, str(tmp_path))
+    message = _failure(KNOWN_BAD["bad-inf-block-127"](), RECIPES["mxfp8"])
+    records = load_dump(tmp_path)
+    counts = [int(n.replace(",", "")) for n in re.findall(r"^\S+ \(.+?\): ([\d,]+) of [\d,]+ blocks differ", message,
+                                                           flags=re.M)]
+    assert len(records) == len(counts) == int(re.search(r": (\d+) of \d+ comparisons differ", message)[1])
+    assert sorted(len(r["blocks"]) for r in records) == sorted(counts)
+    for r in records:
+        per_row = r["blocks_per_row"]
+        for block in r["blocks"].tolist():
+            row = int((r["rows"] == block // per_row).nonzero())
+            assert int(r["kernel"]["scales"][row, block % per_row]) == 127
+            assert bool(torch.isinf(r["input"][row, (block % per_row) * 32:(block % per_row + 1) * 32]).any())
+        assert r["fit"].endswith("+ failure inf_block_byte_127 + residual 0 blocks"), r["fit"]
+
+
+def test_conform_passes_dump_to_pytest(tmp_path):
+    from mxcheck.cli.conform import pytest_args
+    from mxcheck.cli.main import build_parser
+
+    args = build_parser().parse_args(["conform", "--backend", "emulated", "--dump", str(tmp_path / "d")])
+    got = pytest_args(args, str(tmp_path / "r.json"))
+    assert got[got.index("--mxcheck-dump") + 1] == str((tmp_path / "d").resolve())

@@ -32,6 +32,7 @@ from mxcheck.conformance.sr_linear import check_sr_linear, sr_statistics_reason
 from mxcheck.diagnose import quantize as diagnose_quantize
 from mxcheck.diagnose.behaviour import render_attributions
 from mxcheck.diagnose.catalogue import QUANTIZE_BEHAVIOURS
+from mxcheck.diagnose.dump import dump_dir, write_dump
 from mxcheck.diagnose.linear import LinearCase, explain_linear
 from mxcheck.gemm import quantize_operand
 from mxcheck.outcome import Outcome, say
@@ -159,6 +160,8 @@ def check_quantize(backend: Any, recipe: Recipe, gen: torch.Generator, numerics:
                         numerics.context(**context).record(
                             "bitwise", replace(out, message=message), got if isinstance(got, torch.Tensor) else None)
     if differing:
+        if (where := dump_dir()) is not None:  # every differing block, beyond the report's summary
+            write_dump(where, differing, f"quantize-{recipe.name}-{getattr(backend, 'name', 'backend')}")
         raise NumericsError(diagnose_quantize.report(
             differing, ran, f"quantize of recipe {recipe.name}, backend {getattr(backend, 'name', backend)}"))
     if not ran:
