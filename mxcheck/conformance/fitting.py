@@ -30,12 +30,15 @@ OPERANDS = ("x_row", "w_row")
 
 
 def fit_cases(backend: Any, recipe: Recipe, gen: torch.Generator, rows: int = 256, cols: int = 512,
-              operands: tuple[str, ...] = OPERANDS) -> dict[OperandSpec, list[FitCase]]:
+              operands: tuple[str, ...] = OPERANDS, inputs: tuple[str, ...] | None = None,
+              ) -> dict[OperandSpec, list[FitCase]]:
     """The comparisons of the quantize check (smaller with ``rows``, ``cols``: multiples of
-    32), grouped by operand spec."""
+    32; ``inputs``: some of its input families), grouped by operand spec."""
     accepted = tuple(getattr(backend, "input_dtypes", DEFAULT_INPUT_DTYPES))
     out: dict[OperandSpec, list[FitCase]] = {}
     for what, kw in QUANTIZE_INPUTS.items():
+        if inputs is not None and what not in inputs:
+            continue
         for name in operands:
             spec = recipe.spec(name)
             values = training_like(gen, rows, cols, spec, **kw)
@@ -56,8 +59,9 @@ class OperandFit:
 
 
 def fit_backend(backend: Any, recipe: Recipe, seed: int = 0, rows: int = 256, cols: int = 512,
-                operands: tuple[str, ...] = OPERANDS) -> list[OperandFit]:
-    """One fit per distinct operand spec of the recipe's ``operands`` (x_row and w_row)."""
-    cases = fit_cases(backend, recipe, torch.Generator().manual_seed(seed), rows, cols, operands)
+                operands: tuple[str, ...] = OPERANDS, inputs: tuple[str, ...] | None = None) -> list[OperandFit]:
+    """One fit per distinct operand spec of the recipe's ``operands`` (x_row and w_row), on
+    the quantize check's input families (``inputs``: some of them)."""
+    cases = fit_cases(backend, recipe, torch.Generator().manual_seed(seed), rows, cols, operands, inputs)
     names = {spec: tuple(n for n in operands if recipe.spec(n) == spec) for spec in cases}
     return [OperandFit(names[spec], spec, fit(group)) for spec, group in cases.items()]
