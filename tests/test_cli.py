@@ -29,7 +29,7 @@ DATA = ROOT / "tests" / "test_report"
 SMALL = DATA / "small.json"
 BASELINE = DATA / "baseline.json"
 COMMAND_NAMES = ["conform", "info", "formats", "report", "compare", "divergence", "lint", "tuned-coverage",
-                 "aiter-log", "shapes", "sweep", "thresholds", "stats"]
+                 "aiter-log", "shapes", "sweep", "thresholds", "stats", "fit"]
 
 
 def assert_one_line_error(err: str, *needles: str) -> None:
