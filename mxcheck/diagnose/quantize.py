@@ -339,6 +339,9 @@ def diagnose(d: QuantizeDiff, behaviours: tuple[Behaviour, ...] | None = None) -
         lines.append(f"  attribution on the {examined:,} differing {d.unit} of the first {ATTRIBUTION_ROWS} rows "
                      "that hold any:")
     lines += ["  " + line for line in render_attributions(d.attributions, examined, d.unexplained, d.unit)]
+    if d.fit is not None and d.fit.size:
+        lines.append(f"  fitted profile (on the rows examined; mxcheck fit for the whole recipe): "
+                     f"{d.fit.text(d.spec.profile or 'the recipe')}")
     for kind, blocks in d.kinds.items():
         order = blocks.nonzero().flatten()
         if d.explained is not None:  # examined blocks no behaviour reproduces first: they are the news
