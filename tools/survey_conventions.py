@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 RECORDS = ROOT / "references" / "conventions" / "torchao_cpu.json"
 PAGE = ROOT / "docs" / "conventions.md"
 FORMATS = ("e4m3", "e5m2", "e2m3", "e3m2", "e2m1")
@@ -67,7 +69,21 @@ def _child(out: Path) -> None:
 
 
 def _value(v: object) -> str:
+    if isinstance(v, float) and v > 0 and math.frexp(v)[0] == 0.5:
+        return f"2^{math.frexp(v)[1] - 1}"
     return f"{v!r}" if isinstance(v, str) else str(v)
+
+
+def _registered(fmt: str, rule: str, fields: dict) -> str:
+    """The registered MX profile the fit equals (every field but name, source, notes), or ""."""
+    from mxcheck.diagnose.fit import profile_fields  # noqa: PLC0415
+    from mxcheck.profiles import PROFILES, Profile  # noqa: PLC0415
+
+    fitted = profile_fields(Profile("fit", fmt, scale_rule=rule, **fields))
+    for name, p in PROFILES.items():
+        if p.fmt in (None, fmt) and {**profile_fields(p), "fmt": fmt} == fitted:
+            return name
+    return ""
 
 
 def _cell(r: dict) -> str:
@@ -75,7 +91,8 @@ def _cell(r: dict) -> str:
         return "refused"
     parts = [f"{k}={_value(v)}" for k, v in r["fields"].items()] + [f"failure {k}" for k in r["failures"]]
     tail = "" if not r["residual"] else f" + residual {r['residual']:,} of {r['blocks']:,}"
-    return (", ".join(parts) or "as the recipe declares") + tail
+    same = "" if r["failures"] else _registered(r["format"], r["rule"], r["fields"])
+    return (", ".join(parts) or "as the recipe declares") + (f" (= `{same}`)" if same else "") + tail
 
 
 def page(records: list[dict]) -> str:
@@ -87,7 +104,7 @@ def page(records: list[dict]) -> str:
              "every torchao release that runs here, on CPU. Each cell is the fitted profile: the fields that "
              "differ from what the recipe declares (an OCP MX quantizer with that scale rule), the failures no "
              "profile field states, and the blocks left unexplained. A release that agrees with the recipe "
-             "reads *as the recipe declares*.", "",
+             "reads *as the recipe declares*; a fit equal to a registered profile names it.", "",
              f"Releases: {', '.join(versions)} (torch {records[0]['torch'] if records else '?'}). Not run here: "
              "TransformerEngine, AITER Triton and torchao on the H200 (they need the device).", ""]
     for fmt in FORMATS:
