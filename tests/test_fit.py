@@ -240,7 +240,9 @@ def test_dump_writes_every_differing_block_of_every_comparison(tmp_path, monkeyp
             row = int((r["rows"] == block // per_row).nonzero())
             assert int(r["kernel"]["scales"][row, block % per_row]) == 127
             assert bool(torch.isinf(r["input"][row, (block % per_row) * 32:(block % per_row + 1) * 32]).any())
-        assert r["fit"].endswith("+ failure inf_block_byte_127 + residual 0 blocks"), r["fit"]
+        n = len(r["blocks"])
+        assert r["attribution"][0].startswith(f"{n} of {n} differing blocks are reproduced by: a block holding an "
+                                              "Inf stores scale byte 127"), r["attribution"]
 
 
 def test_conform_passes_dump_to_pytest(tmp_path):

@@ -215,8 +215,11 @@ def attribute(d: QuantizeDiff, behaviours: tuple[Behaviour, ...], first: tuple[B
 
 
 def _fitted(d: QuantizeDiff, full: _Rows, start: Any) -> None:
-    """The fit on the rows examined; named where it combines conventions or failures (a
-    single one is in the catalogue already) and reproduces blocks."""
+    """The fit on the rows examined, where no single behaviour reproduces every block; named
+    where it combines conventions or failures (a single one is in the catalogue already)."""
+    examined = int((d.differing & d.examined).sum())
+    if any(a.reproduced == examined and not a.also_changes for a in d.attributions):
+        return  # one behaviour reproduces every block exactly: a fit names nothing more (and costs a search)
     try:
         case = FitCase(full.x, d.spec, full.oracle, full.kernel, d.label)
     except ValueError:
