@@ -252,3 +252,15 @@ def test_conform_passes_dump_to_pytest(tmp_path):
     args = build_parser().parse_args(["conform", "--backend", "emulated", "--dump", str(tmp_path / "d")])
     got = pytest_args(args, str(tmp_path / "r.json"))
     assert got[got.index("--mxcheck-dump") + 1] == str((tmp_path / "d").resolve())
+
+
+def test_poison_padding_counts_and_shows_blocks_as_the_quantize_check_does():
+    from tests.conformance.test_poison import _LeavesScalePaddingUnwritten
+
+    with pytest.raises(NumericsError) as info:
+        CHECKS["poison_padding"](_LeavesScalePaddingUnwritten(), RECIPES["mxfp4"], torch.Generator().manual_seed(0))
+    message = str(info.value)
+    found = re.search(r"x_row\.scales \(poisoned allocator\): (\d+) of (\d+) blocks differ", message)
+    assert found and 0 < int(found[1]) < int(found[2]), message
+    assert re.search(r"scales: kernel 0xff \(NaN\) \| oracle 0x[0-9a-f]{2} \(2\^-?\d+\)", message), message
+    assert f"{found[1]} of {found[1]} differing blocks are reproduced by no known behaviour" in message, message

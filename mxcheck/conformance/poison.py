@@ -21,6 +21,8 @@ from mxcheck.conformance._common import (
     own_sr_fwd_reason,
     training_operands,
 )
+from mxcheck.diagnose import quantize as diagnose_quantize
+from mxcheck.diagnose.catalogue import QUANTIZE_BEHAVIOURS
 from mxcheck.gemm import quantize_operand
 from mxcheck.layouts import pack_mxfp6_blob, unpack_mxfp6_blob
 from mxcheck.recipes import Recipe
@@ -99,23 +101,34 @@ def check_poison_padding(backend: Any, recipe: Recipe, gen: torch.Generator, num
     dev, (m, n, k) = _device(backend), _shape(recipe, *_POISON_MNK)
     ctx = {"recipe": recipe.name, "m": m, "n": n, "k": k}
     x, w = training_operands(recipe, gen, dev, m, n, k)
+    differing: list[Any] = []
     if hasattr(backend, "quantize"):
         for name, t in (("x_row", x), ("w_row", w)):
             spec = recipe.spec(name)
             ours = quantize_operand(t, spec, **fresh_state(recipe, name))
             with _poisoned_empty(dev, 0xFF):  # a Refusal propagates: the test counts it as refused
                 theirs = backend.quantize(t, spec, **fresh_state(recipe, name))
+            # attributed as the quantize check does: counts, blocks, causes (mxcheck.diagnose)
+            d = diagnose_quantize.compare_quantized(t, spec, ours, theirs, operand=name, label="poisoned allocator")
+            if d.n_differing:
+                differing.append(diagnose_quantize.attribute(d, QUANTIZE_BEHAVIOURS))
+            if numerics is None and differing:
+                break
             for field in ("codes", "scales", "block_scales", "scale_inv"):
                 if hasattr(ours, field):  # the padded region included
                     _bitwise(numerics, getattr(theirs, field), getattr(ours, field),
                              layer=f"{name}.{field} (poisoned allocator)", direction="quantize", **ctx)
-    if hasattr(backend, "gemm"):
+    if hasattr(backend, "gemm") and not (numerics is None and differing):
         a, b = _fwd_operands(recipe, x, w)
         clean = backend.gemm(a, b, out_dtype=gemm_out_dtype(backend))
         pa, pb = _in_poisoned_storage(a), _in_poisoned_storage(b)
         with _poisoned_empty(dev, 0xFF):
             got = backend.gemm(pa, pb, out_dtype=gemm_out_dtype(backend))
         _bitwise(numerics, got, clean, layer="operands in 0xFF storage", direction="fwd", **ctx)
+    if differing:
+        raise NumericsError(diagnose_quantize.report(
+            differing, 2, f"quantize (poisoned allocator) of recipe {recipe.name}, backend "
+                          f"{getattr(backend, 'name', backend)}"))
     return None
 
 
