@@ -236,7 +236,7 @@ GEMM_BEHAVIOURS: tuple[Behaviour, ...] = (
     _scales_ignored("both"),
     Behaviour("gemm-reduced-accumulation", "GEMM accumulation with 13 mantissa bits between float32 promotions "
               "every 128 products (bound: ceil(K / 128) * 2^-13 * |a| @ |b|^T on top of float32's)", "gemm",
-              ReducedAccumulation(), seen_in="Hopper FP8 fast accumulation (torch._scaled_mm use_fast_accum=True, "
+              ReducedAccumulation(), cases=(31,), seen_in="Hopper FP8 fast accumulation (torch._scaled_mm use_fast_accum=True, "
               "cuBLASLt CUBLASLT_MATMUL_DESC_FAST_ACCUM; DeepSeek-V3 report 3.3.2: about 14 bits retained)"),
     Behaviour("gemm-scales-swapped", "scales applied to the wrong operand (a read with b's scales, b with a's)",
               "gemm", OperandTransform(_scales_swapped),
