@@ -13,7 +13,9 @@ from typing import Any, ClassVar
 import torch
 
 from mxcheck.backends.emulated import EmulatedBackend
+from mxcheck.diagnose.outputs import ReducedAccumulation
 from mxcheck.formats import FloatFormat
+from mxcheck.profiles import FP8Profile, NVFP4Profile, Profile
 from mxcheck.scaling import fp8 as _fp8
 from mxcheck.scaling import mx as _mx
 from mxcheck.scaling import nvfp4 as _nvfp4
@@ -233,8 +235,6 @@ class _ProfileBug(EmulatedBackend):
     def quantize(self, x, spec, **kw):
         if spec.scaling != self.scaling or spec.block_2d or spec.profile is not None:
             return super().quantize(x, spec, **kw)
-        from mxcheck.profiles import FP8Profile, NVFP4Profile, Profile  # noqa: PLC0415
-
         if spec.scaling == "mx":
             p = Profile(self.name, **{"block_size": spec.block_size, "scale_rule": spec.scale_rule,
                                       "rounding": spec.rounding, "zero_scale": spec.zero_scale,
@@ -281,8 +281,6 @@ class FastAccumulation(EmulatedBackend):
     name = "bad-fast-accumulation"
 
     def gemm(self, a, b, *, out_dtype=torch.bfloat16, bias=None):
-        from mxcheck.diagnose.outputs import ReducedAccumulation  # noqa: PLC0415
-
         out = ReducedAccumulation()(a, b, out_dtype=torch.float64)
         return (out if bias is None else out + bias.double()).to(out_dtype)
 
