@@ -57,8 +57,8 @@ from mxcheck.scaling.mx import MX_ELEMENT_FORMATS, MXTensor, e8m0_reciprocal, mx
 from mxcheck.scaling.rules import E8M0_NAN, SCALE_RULES
 
 __all__ = ["ALL_PROFILES", "EXPONENT_RANGES", "EXPONENT_SOURCES", "FP8_PROFILES", "NAN_POLICIES", "NVFP4_PROFILES",
-           "PROFILES", "PROFILE_KINDS", "QUIRK_FIELDS", "AnyProfile", "FP8Profile", "NVFP4Profile", "Profile",
-           "get_profile", "pin_problem", "pinned_fields", "register_profile"]
+           "PROFILES", "PROFILE_KINDS", "QUIRK_FIELDS", "STATED_PROFILES", "AnyProfile", "FP8Profile", "NVFP4Profile",
+           "Profile", "get_profile", "pin_problem", "pinned_fields", "register_profile"]
 
 EXPONENT_SOURCES = ("bits", "log2_fp32", "log2_input")
 EXPONENT_RANGES = ("clamp", "wrap", "unsigned")
@@ -401,23 +401,33 @@ PROFILE_KINDS: dict[str, type] = {"mx": Profile, "nvfp4": NVFP4Profile, "tensor"
 """Each profile kind by the OperandSpec scaling it pins (the ``kind`` of a profile in a file)."""
 
 
+STATED_PROFILES: dict[str, AnyProfile] = {}
+"""Profiles stated as data (a recipe file's inline profile, a fit), by name; not in
+``ALL_PROFILES`` (the registered implementations the catalogue tries), known to
+``get_profile`` and ``OperandSpec(profile=)`` alike."""
+
+
 def register_profile(p: AnyProfile) -> AnyProfile:
     """Make p known by its name (``get_profile``, ``OperandSpec(profile=)``): a profile
-    stated as data (a recipe file, a fit). Registering the same profile again is a no-op;
-    another profile under a known name is a ValueError."""
+    stated as data. Stating the same profile again is a no-op; another profile under a known
+    name is a ValueError."""
     if not isinstance(p, ProfileBase):
         raise TypeError(f"profile={p!r}; expected a Profile, NVFP4Profile or FP8Profile")
-    have = ALL_PROFILES.get(p.name)
+    have = ALL_PROFILES.get(p.name) or STATED_PROFILES.get(p.name)
     if have is not None and have != p:
         raise ValueError(f"profile {p.name!r} is already known with other fields; name it otherwise")
-    ALL_PROFILES[p.name] = p
+    STATED_PROFILES[p.name] = p
     return p
+
+
+def _lookup(name: object) -> AnyProfile | None:
+    return ALL_PROFILES.get(name) or STATED_PROFILES.get(name) if isinstance(name, str) else None
 
 
 def get_profile(profile: str | AnyProfile, scaling: str | None = None) -> AnyProfile:
     """A profile by name (or the profile itself); ValueError listing the known names.
     ``scaling`` (e.g. "mx"): refuse a profile of another kind."""
-    p = profile if isinstance(profile, ProfileBase) else ALL_PROFILES.get(profile) if isinstance(profile, str) else None
+    p = profile if isinstance(profile, ProfileBase) else _lookup(profile)
     if p is None:
         raise ValueError(f"profile {profile!r} is not known; known profiles: {', '.join(ALL_PROFILES)}")
     if scaling is not None and p.scaling != scaling:
@@ -431,7 +441,7 @@ def pin_problem(spec) -> str:
     """What is wrong with pinning an OperandSpec to ``spec.profile``, or "" (the spec's own
     fields are checked already). Read by ``OperandSpec.__post_init__``."""
     name = spec.profile
-    p = ALL_PROFILES.get(name) if isinstance(name, str) else None
+    p = _lookup(name)
     if p is None:
         return f"profile={name!r} is not known; known profiles: {', '.join(ALL_PROFILES)}"
     if spec.scaling != p.scaling:

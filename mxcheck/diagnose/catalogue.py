@@ -26,7 +26,7 @@ import torch
 from mxcheck.diagnose.behaviour import Behaviour
 from mxcheck.formats import FloatFormat, encode_bits, get_format
 from mxcheck.gemm import quantize_operand
-from mxcheck.profiles import ALL_PROFILES, FP8Profile, NVFP4Profile, Profile
+from mxcheck.profiles import ALL_PROFILES, FP8Profile, NVFP4Profile, Profile, get_profile
 from mxcheck.recipes import OperandSpec
 from mxcheck.scaling.fp8 import FP8Tensor
 from mxcheck.scaling.mx import MXTensor
@@ -49,7 +49,7 @@ def spec_profile(spec: OperandSpec, x: torch.Tensor) -> Profile | NVFP4Profile |
     if spec.pad_to is not None and x.shape[-1] % spec.pad_to:
         return None
     if spec.profile is not None:
-        return ALL_PROFILES[spec.profile]
+        return get_profile(spec.profile)
     if spec.scaling == "mx":
         return Profile("oracle", block_size=spec.block_size, scale_rule=spec.scale_rule, rounding=spec.rounding,
                        zero_scale=spec.zero_scale, hadamard=spec.hadamard)
