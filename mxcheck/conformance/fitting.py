@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from mxcheck.conformance._common import fresh_state
 from mxcheck.conformance.basic import (
     DEFAULT_INPUT_DTYPES,
     QUANTIZE_DTYPES,
@@ -44,7 +45,8 @@ def fit_cases(backend: Any, recipe: Recipe, gen: torch.Generator, rows: int = 25
             values = training_like(gen, rows, cols, spec, **kw)
             for dtype in (d for d in QUANTIZE_DTYPES[what] if d in accepted):
                 t = values.to(dtype)
-                ours, theirs = quantize_operand(t, spec), backend.quantize(t, spec)
+                ours = quantize_operand(t, spec, **fresh_state(recipe, name))
+                theirs = backend.quantize(t, spec, **fresh_state(recipe, name))
                 out.setdefault(spec, []).append(FitCase(t, spec, ours, theirs, f"{name}, {_input_label(what, dtype)}"))
     return out
 
