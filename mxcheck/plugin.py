@@ -25,6 +25,7 @@ from mxcheck.backends.contract import MissingDependency
 from mxcheck.cli import add_max_drop_option
 from mxcheck.cli.common import add_allow_incomplete_option
 from mxcheck.deps import REQUIRE_DEPS_ENV, export_require_deps, needs
+from mxcheck.diagnose.dump import DUMP_ENV
 from mxcheck.report import (
     Record,
     Report,
@@ -106,6 +107,12 @@ def _add_recipe_option(addoption: Callable[..., Any]) -> None:
                    "Default: the backend's own claims, else every built-in recipe it supports")
 
 
+def _add_dump_option(addoption: Callable[..., Any]) -> None:
+    addoption("--mxcheck-dump", metavar="DIR", default=None,
+              help="write every differing block of every failing quantize comparison to DIR, one .pt per "
+                   "comparison (load them with mxcheck.diagnose.load_dump(DIR)); the terminal keeps its summary")
+
+
 def _add_require_deps_option(addoption: Callable[..., Any]) -> None:
     # pytest-only (not in add_options, which `mxcheck compare` reuses): it acts on collection.
     addoption("--mxcheck-require-deps", action="store_true",
@@ -121,6 +128,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     _add_require_deps_option(group.addoption)
     _add_seeded_only_option(group.addoption)
     _add_recipe_option(group.addoption)
+    _add_dump_option(group.addoption)
     # run guard (mxcheck/run_guard.py): timeouts; incomplete reports are no baselines
     run_guard.add_timeout_option(group.addoption)
     add_allow_incomplete_option(group.addoption, "--mxcheck-")
@@ -136,6 +144,8 @@ def pytest_configure(config: pytest.Config) -> None:
     if worker:  # before any test touches the GPU: one device per xdist worker
         os.environ.update(hardware.pin_worker(worker, hardware.detect_without_init(), dict(os.environ)))
     export_require_deps(config)
+    if config.getoption("--mxcheck-dump", None):  # read where a check fails (mxcheck.diagnose.dump)
+        os.environ[DUMP_ENV] = str(Path(config.getoption("--mxcheck-dump")).resolve())
     collector = config.stash[COLLECTOR] = Collector.from_config(config)
     config.pluginmanager.register(collector, "mxcheck-collector")
     run_guard.register(config)  # timeouts, crashed workers, SIGTERM/SIGINT

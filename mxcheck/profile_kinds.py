@@ -13,6 +13,13 @@ float32 per-tensor decode scale that ``NVFP4Tensor.tensor_scale`` holds):
 - ``block_scale_min``: the float32 block scale is clamped to at least this before the cast
   (torchao: E4M3_EPS = 2^-6, the smallest e4m3 normal; ModelOpt: 2^-9).
 - ``zero_block_scale``: a block scale of exactly 0 becomes this (ModelOpt: 1.0).
+- ``underflow_block_scale``: a block scale whose ue4m3 code is 0 (a zero block, or a scale
+  that underflows) is stored as this value instead (0.125, e4m3's epsilon, in a released
+  NVFP4 library measured in issue 36).
+- ``nonfinite_tensor_scale``: a NaN or Inf global amax gives this per-tensor scale (1.0)
+  instead of a NaN or Inf one; blocks are then scaled against it.
+- ``scale_dtype``: the per-tensor scale and the block scale before its ue4m3 cast are
+  rounded to this dtype (``"bfloat16"``, ``"float16"``: scale arithmetic in that dtype).
 - ``block_scale_rounding``: how the float32 block scale rounds to ue4m3 (``"rne"``, as
   every known implementation; other values model a kernel whose one rounding helper
   serves the elements and the scales).
@@ -27,12 +34,15 @@ FP8 tensorwise:
   fp8_max / clamp(amax, 1e-12) as torch evaluates it on an amax in x's own dtype
   (``Tensor.__rtruediv__``: reciprocal, then times fp8_max, each rounded to that dtype; for a
   bf16 input the scale is a bf16). Needs ``scale_formula="primus_turbo"`` (the same formula).
+  ``"bfloat16"``, ``"float16"``: the float32 scale rounded to that dtype (scale arithmetic in
+  a 16-bit dtype).
 - ``multiply_dtype``: ``"float32"`` x * scale in float32; ``"input"`` rounded to x's dtype
   first (a 0-dim float32 scale does not promote a bf16 tensor), then cast.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
@@ -116,6 +126,9 @@ class NVFP4Profile(ProfileBase):
     zero_block_scale: float | None = None
     element_scale: str = "te"
     block_scale_rounding: str = "rne"
+    underflow_block_scale: float | None = None
+    nonfinite_tensor_scale: float | None = None
+    scale_dtype: str = "float32"
 
     scaling: ClassVar[str] = "nvfp4"
     formats: ClassVar[tuple[str, ...]] = ("e2m1",)
@@ -126,7 +139,12 @@ class NVFP4Profile(ProfileBase):
                 return f"{name}={getattr(self, name)!r}; expected one of {list(table)}"
         if self.block_scale_rounding not in self.roundings:
             return f"block_scale_rounding={self.block_scale_rounding!r}; expected one of {sorted(self.roundings)}"
-        for name in ("block_scale_min", "zero_block_scale"):
+        if self.scale_dtype not in SCALE_DTYPES:
+            return f"scale_dtype={self.scale_dtype!r}; expected one of {list(SCALE_DTYPES)}"
+        v = self.nonfinite_tensor_scale
+        if v is not None and not (0 < v < math.inf):
+            return f"nonfinite_tensor_scale={v!r}; expected None or a positive finite float"
+        for name in ("block_scale_min", "zero_block_scale", "underflow_block_scale"):
             v = getattr(self, name)
             if v is not None and not 0 < v <= 448:
                 return f"{name}={v!r}; expected None or a float in (0, 448] (a ue4m3 block scale)"
@@ -140,13 +158,20 @@ class NVFP4Profile(ProfileBase):
         rot = get_hadamard(self.hadamard)
         work = x if rot is None else rotate_rows(x, rot)
         amax = block_amax(work.reshape(1, -1), 1, work.numel()).reshape(())
+        if self.nonfinite_tensor_scale is not None and not bool(torch.isfinite(amax)):
+            amax = torch.full_like(amax, _E4M3_X_E2M1_MAX * self.nonfinite_tensor_scale)  # ts exactly the constant
         ts = amax / torch.full_like(amax, _E4M3_X_E2M1_MAX)  # a true division, as nvfp4_quantize
-        s_f32 = BLOCK_SCALES[self.block_scale](block_amax(work, 1, NVFP4_BLOCK), amax, ts)
+        dt = SCALE_DTYPES[self.scale_dtype]
+        ts = ts.to(dt).to(torch.float32)
+        s_f32 = BLOCK_SCALES[self.block_scale](block_amax(work, 1, NVFP4_BLOCK), amax, ts).to(dt).to(torch.float32)
         if self.zero_block_scale is not None:
             s_f32 = torch.where(s_f32 == 0, self.zero_block_scale, s_f32)
         if self.block_scale_min is not None:
             s_f32 = torch.clamp(s_f32, min=self.block_scale_min)
         block_scales = _encode_block_scales(s_f32, self.block_scale_rounding)
+        if self.underflow_block_scale is not None:
+            eps = _encode_block_scales(torch.tensor(self.underflow_block_scale), self.block_scale_rounding)
+            block_scales = torch.where(block_scales == 0, eps.to(block_scales.dtype), block_scales)
         s = decode_table("ue4m3", x.device, torch.float32)[block_scales.to(torch.int64)]
         blocks = work.to(torch.float32).unflatten(-1, (-1, NVFP4_BLOCK))
         scaled = ELEMENT_SCALES[self.element_scale](blocks, s, amax, ts).flatten(-2)
@@ -166,7 +191,8 @@ def _input_reciprocal(amax: torch.Tensor, dtype: torch.dtype, fp8_max: float) ->
     return (torch.reciprocal(torch.clamp(amax.to(dtype), min=_TORCHAO_EPS)) * fp8_max).to(torch.float32)
 
 
-SCALE_ARITHMETICS = ("float32", "input_reciprocal")
+SCALE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+SCALE_ARITHMETICS = ("float32", "input_reciprocal", "bfloat16", "float16")
 MULTIPLY_DTYPES = ("float32", "input")
 
 
@@ -205,8 +231,9 @@ class FP8Profile(ProfileBase):
         else:
             check_quantize_input(x, f"profile {self.name}")
             amax = _amax(x, "tensor")
-            if self.scale_arithmetic == "float32":
+            if self.scale_arithmetic in SCALE_DTYPES:
                 scale = SCALE_FORMULAS[self.scale_formula](amax, f.max, ScaleOptions())
+                scale = scale.to(SCALE_DTYPES[self.scale_arithmetic]).to(torch.float32)
             else:
                 scale = _input_reciprocal(amax, x.dtype, f.max)
             scaled = x.to(torch.float32) * scale

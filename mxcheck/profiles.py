@@ -31,6 +31,9 @@ Quirk fields (defaults = OCP MX v1.0 as ``mx_quantize`` does it):
   ``"unsigned"`` (a negative exponent converted to an unsigned byte saturates to 0, so
   every block below 2^0 stores byte 127: AITER's Triton ``dynamic_mxfp4_quant`` on an
   NVIDIA GPU, references/vectors/aiter_triton_mxfp4_h200.pt).
+- ``scale_mbits``: the mantissa width the scale rule rounds the amax to (None: the element
+  format's). Only the even rule reads it: ``1`` for 8-bit elements is e2m1's rule applied to
+  e4m3 (a library whose even rule keeps its MXFP4 constant for every format).
 - ``zero_sign`` (shared, see ``profile_base``) and ``rounding`` (any of ``ROUNDINGS`` but SR,
   ``half_zero`` included).
 """
@@ -54,8 +57,8 @@ from mxcheck.scaling.mx import MX_ELEMENT_FORMATS, MXTensor, e8m0_reciprocal, mx
 from mxcheck.scaling.rules import E8M0_NAN, SCALE_RULES
 
 __all__ = ["ALL_PROFILES", "EXPONENT_RANGES", "EXPONENT_SOURCES", "FP8_PROFILES", "NAN_POLICIES", "NVFP4_PROFILES",
-           "PROFILES", "QUIRK_FIELDS", "AnyProfile", "FP8Profile", "NVFP4Profile", "Profile", "get_profile",
-           "pin_problem", "pinned_fields"]
+           "PROFILES", "PROFILE_KINDS", "QUIRK_FIELDS", "STATED_PROFILES", "AnyProfile", "FP8Profile", "NVFP4Profile",
+           "Profile", "get_profile", "pin_problem", "pinned_fields", "register_profile"]
 
 EXPONENT_SOURCES = ("bits", "log2_fp32", "log2_input")
 EXPONENT_RANGES = ("clamp", "wrap", "unsigned")
@@ -80,6 +83,7 @@ class Profile(ProfileBase):
     rceil_reciprocal: bool = False
     subnormal_scale_clamp: float | None = None
     exponent_range: str = "clamp"
+    scale_mbits: int | None = None
 
     scaling: ClassVar[str] = "mx"
     formats: ClassVar[tuple[str, ...]] = MX_ELEMENT_FORMATS
@@ -141,6 +145,9 @@ def _check_profile(p: Profile) -> str:
         return "rceil_reciprocal=True needs scale_rule='rceil' and exponent_source='bits'"
     if p.exponent_range not in EXPONENT_RANGES:
         return f"exponent_range={p.exponent_range!r}; expected one of {list(EXPONENT_RANGES)}"
+    if p.scale_mbits is not None and (p.scale_rule != "even" or p.scale_mbits not in range(1, 8)):
+        return (f"scale_mbits={p.scale_mbits!r} needs scale_rule='even' (the only rule that rounds the amax to a "
+                "mantissa width) and a width in 1..7")
     clamp = p.subnormal_scale_clamp
     if clamp is not None and not (clamp > 0 and math.frexp(clamp)[0] == 0.5):
         return f"subnormal_scale_clamp={clamp!r}; expected None or a positive power of two"
@@ -182,8 +189,22 @@ _LOG2_RULES: dict[str, Callable[[torch.Tensor, FloatFormat], torch.Tensor]] = {
 }
 
 
+@dataclass(frozen=True)
+class _RuleWidth:
+    """What a scale rule reads of the element format (emax, max), at another mantissa width."""
+
+    emax: int
+    max: float
+    mbits: int
+
+
+def _rule_format(p: Profile, fmt: FloatFormat) -> FloatFormat | _RuleWidth:
+    return fmt if p.scale_mbits is None else _RuleWidth(fmt.emax, fmt.max, p.scale_mbits)
+
+
 def _rule_exponent(p: Profile, amax: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
     """The unbiased block exponent before any clamp, from amax's bits or from a log2."""
+    fmt = _rule_format(p, fmt)
     if p.exponent_source == "bits":
         return SCALE_RULES[p.scale_rule](amax.to(torch.float32), fmt)
     a = amax if p.amax_floor is None else torch.clamp(amax, min=p.amax_floor)
@@ -195,6 +216,13 @@ def _log2_exponent(p: Profile, amax, fmt, scales, nan):
     # mx_ops.py::_shared_exponents, torchao _to_mx_rceil: a float32 log2, whose result
     # rounds to k for amax a few ulps below 2^k (aiter_mxfp6_scale_log2.md).
     e = _rule_exponent(p, amax, fmt).clamp(-127, 127) + 127
+    e = torch.where(amax == 0, p.zero_scale, e)
+    return torch.where(torch.isnan(amax), scales, e.to(torch.uint8))
+
+
+def _rule_width(p: Profile, amax, fmt, scales, nan):
+    # the rule at scale_mbits from the amax's bits (a log2 exponent_source reads it in _rule_exponent)
+    e = _rule_exponent(p, amax.to(torch.float32), fmt).clamp(-127, 127) + 127
     e = torch.where(amax == 0, p.zero_scale, e)
     return torch.where(torch.isnan(amax), scales, e.to(torch.uint8))
 
@@ -234,6 +262,7 @@ def _nan_as_zero_block(p: Profile, amax, fmt, scales, nan):
 
 _SCALE_QUIRKS = (
     (lambda p: p.exponent_source != "bits", _log2_exponent),
+    (lambda p: p.exponent_source == "bits" and p.scale_mbits is not None, _rule_width),
     (lambda p: p.rceil_reciprocal, _reciprocal_rceil),
     (lambda p: p.inf_amax_byte is not None, _inf_amax),
     (lambda p: p.nan_policy == "zero_scale", _nan_as_zero_block),
@@ -368,10 +397,37 @@ ALL_PROFILES: dict[str, AnyProfile] = {**PROFILES, **NVFP4_PROFILES, **FP8_PROFI
 """Every named profile, MX first; ``get_profile`` looks names up here."""
 
 
+PROFILE_KINDS: dict[str, type] = {"mx": Profile, "nvfp4": NVFP4Profile, "tensor": FP8Profile}
+"""Each profile kind by the OperandSpec scaling it pins (the ``kind`` of a profile in a file)."""
+
+
+STATED_PROFILES: dict[str, AnyProfile] = {}
+"""Profiles stated as data (a recipe file's inline profile, a fit), by name; not in
+``ALL_PROFILES`` (the registered implementations the catalogue tries), known to
+``get_profile`` and ``OperandSpec(profile=)`` alike."""
+
+
+def register_profile(p: AnyProfile) -> AnyProfile:
+    """Make p known by its name (``get_profile``, ``OperandSpec(profile=)``): a profile
+    stated as data. Stating the same profile again is a no-op; another profile under a known
+    name is a ValueError."""
+    if not isinstance(p, ProfileBase):
+        raise TypeError(f"profile={p!r}; expected a Profile, NVFP4Profile or FP8Profile")
+    have = ALL_PROFILES.get(p.name) or STATED_PROFILES.get(p.name)
+    if have is not None and have != p:
+        raise ValueError(f"profile {p.name!r} is already known with other fields; name it otherwise")
+    STATED_PROFILES[p.name] = p
+    return p
+
+
+def _lookup(name: object) -> AnyProfile | None:
+    return ALL_PROFILES.get(name) or STATED_PROFILES.get(name) if isinstance(name, str) else None
+
+
 def get_profile(profile: str | AnyProfile, scaling: str | None = None) -> AnyProfile:
     """A profile by name (or the profile itself); ValueError listing the known names.
     ``scaling`` (e.g. "mx"): refuse a profile of another kind."""
-    p = profile if isinstance(profile, ProfileBase) else ALL_PROFILES.get(profile) if isinstance(profile, str) else None
+    p = profile if isinstance(profile, ProfileBase) else _lookup(profile)
     if p is None:
         raise ValueError(f"profile {profile!r} is not known; known profiles: {', '.join(ALL_PROFILES)}")
     if scaling is not None and p.scaling != scaling:
@@ -385,7 +441,7 @@ def pin_problem(spec) -> str:
     """What is wrong with pinning an OperandSpec to ``spec.profile``, or "" (the spec's own
     fields are checked already). Read by ``OperandSpec.__post_init__``."""
     name = spec.profile
-    p = ALL_PROFILES.get(name) if isinstance(name, str) else None
+    p = _lookup(name)
     if p is None:
         return f"profile={name!r} is not known; known profiles: {', '.join(ALL_PROFILES)}"
     if spec.scaling != p.scaling:

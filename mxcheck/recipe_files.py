@@ -12,6 +12,15 @@ A recipe file is the six ``OperandSpec``s of a linear and what surrounds them::
       scale_rule: floor
     w_row: {block_2d: true}         # per-copy overrides: x_row w_row g_row w_col g_col x_col
 
+``profile`` (in ``all`` or a copy) is a registered profile's name, or a profile stated
+inline with any of its kind's fields (``mxcheck profiles NAME`` lists them); the spec fields
+the profile repeats (scale rule, rounding, ...) are set from it, as ``Recipe.with_profile``
+does. ``mxcheck fit --write`` writes one::
+
+    x_row:
+      profile: {kind: mx, name: mylib.mxfp8, fmt: e4m3, scale_rule: even, scale_mbits: 1,
+                zero_sign: never, inf_amax_byte: 254}
+
 Every key is checked: an unknown one, or a bad value, is a ValueError naming the file, the
 key path (``all.scale_rule``), the value and what is accepted.
 """
@@ -25,11 +34,11 @@ from typing import Any
 import torch
 import yaml
 
-from mxcheck.profiles import ALL_PROFILES
+from mxcheck.profiles import ALL_PROFILES, PROFILE_KINDS, register_profile
 from mxcheck.recipes import OPERANDS, OperandSpec, Recipe, get_recipe
 from mxcheck.text import did_you_mean
 
-__all__ = ["RECIPE_FILE_SUFFIXES", "load_recipe_file", "resolve_recipe"]
+__all__ = ["RECIPE_FILE_SUFFIXES", "load_recipe_file", "profile_table", "resolve_recipe"]
 
 RECIPE_FILE_SUFFIXES = (".yaml", ".yml", ".toml")
 _OUT_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -60,13 +69,59 @@ def _read(path: Path) -> Any:
         raise ValueError(f"recipe file {path}: not valid YAML ({e})") from None
 
 
+_PROFILE_META = ("kind", "name", "source", "notes")
+
+
+def _inline_profile(path: Path, key: str, table: dict[str, Any]) -> Any:
+    """A profile stated inline: ``kind`` (mx, nvfp4, tensor) and any of that kind's fields,
+    registered under ``name`` (default: the key path)."""
+    kind = table.get("kind")
+    if kind not in PROFILE_KINDS:
+        raise ValueError(f"recipe file {path}: key '{key}.kind' = {kind!r}; expected one of {list(PROFILE_KINDS)}")
+    cls = PROFILE_KINDS[kind]
+    allowed = [f.name for f in dataclasses.fields(cls)]
+    fields: dict[str, Any] = {}
+    for name, value in table.items():
+        if name == "kind":
+            continue
+        if name not in allowed:
+            raise _unknown(path, f"{key}.{name}", ["kind", *allowed])
+        fields[name] = tuple(value) if isinstance(value, list) else value
+    fields.setdefault("name", key)
+    fields.setdefault("source", str(path))
+    try:
+        p = cls(**fields)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"recipe file {path}: key {key!r}: {e}") from None
+    try:
+        return register_profile(p)
+    except ValueError as e:
+        raise ValueError(f"recipe file {path}: key '{key}.name': {e}") from None
+
+
+def profile_table(p: Any) -> dict[str, Any]:
+    """A profile as the inline table a recipe file takes (every field; what
+    ``load_recipe_file`` reads back as the same profile)."""
+    kind = next(k for k, cls in PROFILE_KINDS.items() if type(p) is cls)
+    out: dict[str, Any] = {"kind": kind}
+    for f in dataclasses.fields(p):
+        v = getattr(p, f.name)
+        out[f.name] = list(v) if isinstance(v, tuple) else v
+    return out
+
+
 def _spec_fields(path: Path, key: str, table: Any) -> dict[str, Any]:
-    """An operand table's fields, each checked against OperandSpec's field types."""
+    """An operand table's fields, each checked against OperandSpec's field types; an inline
+    profile is registered and the spec fields it repeats are set from it."""
     if not isinstance(table, dict):
         raise ValueError(f"recipe file {path}: key {key!r} must be a table of OperandSpec fields, "
                          f"got {type(table).__name__}")
     out = {}
     for name, value in table.items():
+        if name == "profile" and isinstance(value, dict):
+            p = _inline_profile(path, f"{key}.profile", value)
+            out.update({f: getattr(p, f) for f in p.spec_fields}, profile=p.name)
+            continue
         if name not in _SPEC_FIELDS:
             raise _unknown(path, f"{key}.{name}", list(_SPEC_FIELDS))
         kind = str(_SPEC_FIELDS[name].type)

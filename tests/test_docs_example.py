@@ -82,7 +82,8 @@ def _has_in_order(line: str, pieces: list[str]) -> bool:
 
 
 def test_every_output_block_in_the_docs_is_checked_by_a_test():
-    checked = {"toy-mx", "toy-mx-buggy", "toy-refuses", "not-importable"}  # the tests below
+    # the tests below, and the search's CLI test (tests/conformance/test_search.py)
+    checked = {"toy-mx", "toy-mx-buggy", "toy-refuses", "not-importable", "search-bad-trunc"}
     marked = {m.group(1) for p in DOCS.glob("*.md") for m in OUTPUT.finditer(p.read_text())}
     assert marked == checked
     text_blocks = sum(p.read_text().count("```text\n") for p in DOCS.glob("*.md"))
@@ -142,7 +143,8 @@ def test_buggy_fake_quant_example_fails_on_values_and_names_the_seeded_bug(tmp_p
     failed = _failed(report["records"])
     assert sorted(r["layer"] for r in failed) == ["w_row.values (amax input)", "x_row.values (amax input)"], failed
     # every other comparison of values (bf16 inputs in each dtype, Inf/NaN) passed: only the bug differs
-    assert sum(r["passed"] and ".values (" in r["layer"] for r in report["records"]) == 14
+    values = [r for r in report["records"] if ".values (" in r["layer"]]
+    assert len(values) > 2 and all(r["passed"] for r in values if r["layer"].split(".values ")[1] != "(amax input)")
     # the cause is found from the values alone: no codes, no scales
     assert re.search(r"cause:\n\S* +([\d,]+) of the \1 differing blocks examined are reproduced by: block exponent "
                      r"from a float32 log2", out), out

@@ -8,12 +8,14 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
 from mxcheck.backends.emulated import EmulatedBackend
+from mxcheck.diagnose.outputs import ReducedAccumulation
 from mxcheck.formats import FloatFormat, decode_table, encode_bits, get_format
+from mxcheck.profiles import FP8Profile, NVFP4Profile, Profile
 from mxcheck.scaling import fp8 as _fp8
 from mxcheck.scaling import mx as _mx
 from mxcheck.scaling import nvfp4 as _nvfp4
@@ -305,9 +307,127 @@ class FP8DoubleRoundBf16(_QuantizeBug):
         return _patched([(_fp8, "encode_bits", encode)])
 
 
+# ---- fit (issue 36): conventions a fit must recover, one or several per backend ---------------
+
+
+def _even_at(mbits: int) -> Callable[[torch.Tensor, FloatFormat], torch.Tensor]:
+    """The even scale rule rounding the amax to ``mbits`` mantissa bits whatever the element
+    format (a library that keeps e2m1's constant for its 8-bit MX formats)."""
+    def exponent(amax: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
+        field = ((amax.view(torch.int32) + (1 << (22 - mbits))) >> 23) & 0xFF
+        return field - 127 - fmt.emax
+    return exponent
+
+
+class EvenRuleAtE2M1Width(_SeededBug):
+    """Every MX operand with the even scale rule at e2m1's 1-bit mantissa, whatever the
+    recipe's rule and element format (measured in a released library's MXFP8: headlined
+    "rceil" before the fit)."""
+
+    name = "bad-even-mantissa"
+
+    def bug(self):
+        return _patched([(_rules, "SCALE_RULES", {**_RULES, "even": _even_at(1)})])
+
+    def quantize(self, x, spec, **kw):
+        return super().quantize(x, replace(spec, scale_rule="even") if spec.scaling == "mx" else spec, **kw)
+
+
+class _ProfileBug(EmulatedBackend):
+    """Quantizes operands of ``scaling`` as the spec's own profile with ``fields`` changed
+    (conventions a fit must recover), others as the oracle."""
+
+    scaling = ""
+    fields: ClassVar[dict[str, Any]] = {}
+
+    def quantize(self, x, spec, **kw):
+        if spec.scaling != self.scaling or spec.block_2d or spec.profile is not None:
+            return super().quantize(x, spec, **kw)
+        if spec.scaling == "mx":
+            p = Profile(self.name, **{"block_size": spec.block_size, "scale_rule": spec.scale_rule,
+                                      "rounding": spec.rounding, "zero_scale": spec.zero_scale,
+                                      "hadamard": spec.hadamard, **self.fields})
+        elif spec.scaling == "nvfp4":
+            p = NVFP4Profile(self.name, **{"rounding": spec.rounding, "hadamard": spec.hadamard, **self.fields})
+        else:
+            p = FP8Profile(self.name, **{"scale_formula": spec.scale_formula, **self.fields})
+        return p.quantized(x, spec.fmt)
+
+
+class NVFP4EpsBlockScale(_ProfileBug):
+    """NVFP4 block scales stored as 0 (zero blocks, underflows) become 0.125 (issue 36)."""
+
+    name, scaling, fields = "bad-nvfp4-eps-scale", "nvfp4", {"underflow_block_scale": 0.125}
+
+
+class NVFP4NonfiniteAmaxScaleOne(_ProfileBug):
+    """A NaN or Inf NVFP4 tensor amax falls back to per-tensor scale 1 (issue 36)."""
+
+    name, scaling, fields = "bad-nvfp4-nonfinite-scale-1", "nvfp4", {"nonfinite_tensor_scale": 1.0}
+
+
+class NVFP4Bf16Scales(_ProfileBug):
+    """NVFP4 scale arithmetic in bfloat16. Not in KNOWN_BAD: the quantize check's NVFP4
+    inputs put the tensor amax at 2688 * 2^k (a bf16-exact per-tensor scale), so only other
+    inputs show it (tests/test_fit.py)."""
+
+    name, scaling, fields = "bad-nvfp4-bf16-scales", "nvfp4", {"scale_dtype": "bfloat16"}
+
+
+class ThreeConventions(_ProfileBug):
+    """MX with the even rule, every zero code +0 and Inf blocks at byte 254: three
+    conventions at once (a released QAT library's MX, issue 36)."""
+
+    name, scaling, fields = "bad-three-conventions", "mx", {"scale_rule": "even", "zero_sign": "never",
+                                                            "inf_amax_byte": 254}
+
+
+class FastAccumulation(EmulatedBackend):
+    """GEMMs accumulated with 13 mantissa bits between float32 promotions every 128 products
+    (Hopper FP8 fast accumulation; torch._scaled_mm on the H200, issue 36)."""
+
+    name = "bad-fast-accumulation"
+
+    def gemm(self, a, b, *, out_dtype=torch.bfloat16, bias=None):
+        out = ReducedAccumulation()(a, b, out_dtype=torch.float64)
+        return (out if bias is None else out + bias.double()).to(out_dtype)
+
+class InfBlockByte127(EmulatedBackend):
+    """A block holding an Inf stores scale byte 127 with every code 0 (issue 36)."""
+
+    name = "bad-inf-block-127"
+
+    def quantize(self, x, spec, **kw):
+        q = super().quantize(x, spec, **kw)
+        if spec.scaling != "mx" or spec.block_2d or q.codes.shape != x.shape:
+            return q
+        inf = torch.isinf(x).unflatten(-1, (-1, spec.block_size)).any(-1)
+        codes = torch.where(inf.repeat_interleave(spec.block_size, dim=-1).to(q.codes.device), 0, q.codes)
+        return replace(q, codes=codes.to(torch.uint8), scales=torch.where(inf.to(q.scales.device), 127, q.scales)
+                       .to(torch.uint8))
+
+
+class CudaNanCode(EmulatedBackend):
+    """Every FP8 NaN code is 0x7F (e4m3), whatever the NaN's sign: CUDA's conversion on the
+    H200 (issue 36: the same finding named on CPU and not on the device)."""
+
+    name = "bad-cuda-nan-code"
+
+    def quantize(self, x, spec, **kw):
+        q = super().quantize(x, spec, **kw)
+        fmt = getattr(q, "fmt", None)
+        if fmt is None or fmt.nan_code is None or fmt.nan == "fnuz":
+            return q
+        nan = (q.codes & fmt.magnitude_mask) == fmt.nan_code
+        return replace(q, codes=torch.where(nan, fmt.nan_code, q.codes).to(torch.uint8))
+
+
 KNOWN_BAD: dict[str, type[Any]] = {c.name: c for c in (NibbleSwap, WrongScaleRule, StaleWeight, Bf16Fallback,
                                                         NanToZero, DropsBias, GarbageUnlessKMod256,
                                                         HalfAwayForRne, TruncForRne, Float32Log2Scale,
                                                         NVFP4ScaleThreshold, NVFP4EncodeScaleInInputDtype,
                                                         NVFP4EncodeScaleBf16, NVFP4BlockScaleBf16, MXScaleFloat16,
-                                                        FP8DoubleRoundBf16)}
+                                                        FP8DoubleRoundBf16,
+                                                        EvenRuleAtE2M1Width, NVFP4EpsBlockScale,
+                                                        NVFP4NonfiniteAmaxScaleOne, ThreeConventions,
+                                                        InfBlockByte127, CudaNanCode, FastAccumulation)}

@@ -29,6 +29,8 @@ def conform_args(p: argparse.ArgumentParser) -> None:
                         "recipe file; without it, the backend's claims, else every built-in recipe. "
                         "Default: %(default)r")
     p.add_argument("--report", metavar="PATH", help="write the JSON report here")
+    p.add_argument("--dump", metavar="DIR", help="write every differing block of every failing quantize comparison "
+                   "to DIR (--mxcheck-dump; load with mxcheck.diagnose.load_dump(DIR))")
     p.add_argument("--seed", type=int, default=0, metavar="INT",
                    help="seed mixed into every test's generator (--mxcheck-seed). Default: %(default)r")
     p.add_argument("-n", "--workers", default=None, metavar="N",
@@ -61,6 +63,8 @@ def pytest_args(args: argparse.Namespace, report: str) -> list[str]:
         out += ["-p", "xdist", "-n", str(args.workers)]
     if args.require_deps:
         out.append("--mxcheck-require-deps")
+    if getattr(args, "dump", None):
+        out += ["--mxcheck-dump", str(Path(args.dump).resolve())]
     extra = list(args.pytest_extra)
     return out + (extra[1:] if extra[:1] == ["--"] else extra)
 

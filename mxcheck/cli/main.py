@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import NoReturn
 
 import mxcheck
-from mxcheck.cli import about, analysis, conform, deploy, flux, recipes, reports, search
+from mxcheck.cli import about, analysis, conform, deploy, fit, flux, recipes, reports, search
 from mxcheck.cli.common import PROG, CommandError
 
 __all__ = ["COMMANDS", "Command", "build_parser", "main"]
@@ -69,6 +69,8 @@ COMMANDS: dict[str, Command] = {
                           "uses", analysis.thresholds_args, analysis.run_thresholds),
     "aiter-log": Command("count AITER tuned-config hits and misses per shape; exit 1 on a "
                          "miss", deploy.aiter_log_args, deploy.run_aiter_log),
+    "fit": Command("the profile (every convention) that reproduces a backend's quantizer, and the blocks "
+                   "left; --write pins it in a recipe file", fit.fit_args, fit.run_fit),
     "stats": Command("per-block statistics of a quantized operand (saturation, flush to zero, "
                      "scale exponents, block SNR)", analysis.stats_args, analysis.run_stats),
 }

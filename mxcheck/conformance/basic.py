@@ -42,13 +42,14 @@ from mxcheck.conformance.verdict import LOST_DB, LOST_MARGIN_DB, TensorVerdict, 
 from mxcheck.diagnose import quantize as diagnose_quantize
 from mxcheck.diagnose.behaviour import render_attributions
 from mxcheck.diagnose.catalogue import QUANTIZE_BEHAVIOURS
+from mxcheck.diagnose.dump import dump_dir, write_dump
 from mxcheck.diagnose.linear import LinearCase, explain_linear
 from mxcheck.gemm import quantize_operand
 from mxcheck.outcome import Outcome, say
 from mxcheck.recipes import Recipe
 from mxcheck.rng import seeded_default_rng
 from mxcheck.scaling.mx import MXTensor
-from mxcheck.scaling.rules import E8M0_NAN
+from mxcheck.scaling.nvfp4 import NVFP4_BLOCK
 
 _M, _N, _K = 256, 256, 512
 _SMALL_GEMM = (32, 128)  # the gradient-magnitude GEMM's M, and its N = K (128x128 blocks tile it)
@@ -79,16 +80,29 @@ QUANTIZE_FIELDS = diagnose_quantize.QUANTIZE_FIELDS
 
 
 def nan_block_codes_as(ours: Any, codes: Any) -> Any:
-    """The backend's ``codes`` with the elements of MX blocks whose oracle scale byte is NaN
-    (E8M0 0xFF) set to the oracle's: OCP MX v1.0 (6.3) makes every element of such a block
-    NaN whatever its code, so those codes are not part of the contract (torchao leaves what
-    its cast wrote; mxcheck stores the format's NaN code). The scale byte itself is compared."""
-    if not isinstance(ours, MXTensor) or not isinstance(codes, torch.Tensor) or codes.shape != ours.codes.shape:
+    """The backend's ``codes`` with the elements of blocks whose oracle scale is NaN (MX: E8M0
+    0xFF; NVFP4: ue4m3 0x7F) set to the oracle's: OCP MX v1.0 (6.3) makes every element of
+    such a block NaN whatever its code, as an NVFP4 NaN block scale does, so those codes are
+    not part of the contract (torchao leaves what its cast wrote; mxcheck stores its own).
+    The scale itself is compared."""
+    nan = diagnose_quantize.nan_scale_blocks(ours)
+    if nan is None or not isinstance(codes, torch.Tensor) or codes.shape != ours.codes.shape:
         return codes
-    nan = (ours.scales == E8M0_NAN).repeat_interleave(ours.block_size, dim=-1)[..., : ours.codes.shape[-1]]
-    if nan.shape != codes.shape or not bool(nan.any()):
+    if not bool(nan.any()):
+        return codes
+    nan = nan.repeat_interleave(ours.block_size if isinstance(ours, MXTensor) else NVFP4_BLOCK, dim=-1)[..., : ours.codes.shape[-1]]
+    if nan.shape != codes.shape:
         return codes
     return torch.where(nan.to(codes.device), ours.codes.to(codes.device), codes)
+
+
+def nan_payloads_as(want: torch.Tensor, got: Any) -> Any:
+    """A float field of the backend with each NaN where the oracle has a NaN replaced by the
+    oracle's: any NaN equals any NaN (payload and sign are not part of the contract)."""
+    if not isinstance(got, torch.Tensor) or not got.dtype.is_floating_point or got.shape != want.shape:
+        return got
+    both = torch.isnan(got) & torch.isnan(want.to(got.device))
+    return torch.where(both, want.to(got.device, got.dtype), got) if bool(both.any()) else got
 
 
 def _input_label(what: str, dtype: torch.dtype, amax: float | None = None) -> str:
@@ -137,8 +151,7 @@ def _quantize_one(backend: Any, recipe: Recipe, name: str, t: torch.Tensor, labe
     outcomes = []
     for field in diagnose_quantize.compared_fields(ours):
         got = getattr(theirs, field, None)
-        if field == "codes":
-            got = nan_block_codes_as(ours, got)
+        got = nan_block_codes_as(ours, got) if field == "codes" else nan_payloads_as(getattr(ours, field), got)
         context = {"recipe": recipe.name, "layer": f"{name}.{field} ({label})", "direction": "quantize"}
         outcomes.append((_field_outcome(field, got, getattr(ours, field), context), got, context))
     lines: list[str] = []
@@ -152,7 +165,8 @@ def _quantize_one(backend: Any, recipe: Recipe, name: str, t: torch.Tensor, labe
         d = diagnose_quantize.compare_quantized(t, spec, ours, theirs, operand=name, label=label)
         # behaviours that explained earlier comparisons of this spec run first
         first = tuple(a.behaviour for e in differing if e.spec == spec for a in e.attributions)
-        diagnose_quantize.attribute(d, QUANTIZE_BEHAVIOURS, tuple(dict.fromkeys(first)))
+        start = next((e.fit for e in reversed(differing) if e.spec == spec and e.fit), None)
+        diagnose_quantize.attribute(d, QUANTIZE_BEHAVIOURS, tuple(dict.fromkeys(first)), start)
         differing.append(d)
         lines = render_attributions(d.attributions, d.n_examined, d.unexplained, d.unit)
     if numerics is None:
@@ -220,6 +234,8 @@ def check_quantize(backend: Any, recipe: Recipe, gen: torch.Generator, numerics:
         ran += 1
     lost = _lost_lines(verdicts, ran)
     if differing or lost:
+        if differing and (where := dump_dir()) is not None:  # every differing block, beyond the summary
+            write_dump(where, differing, f"quantize-{recipe.name}-{getattr(backend, 'name', 'backend')}")
         head = f"quantize of recipe {recipe.name}, backend {getattr(backend, 'name', backend)}"
         raise NumericsError("\n".join([*lost, diagnose_quantize.report(differing, ran, head) if differing
                                        else f"{head}: no field differs"]))

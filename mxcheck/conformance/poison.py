@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from mxcheck.assertions import NumericsError
+from mxcheck.assertions import NumericsError, check_bitwise
 from mxcheck.conformance._common import (
     _bitwise,
     _device,
@@ -22,6 +22,8 @@ from mxcheck.conformance._common import (
     training_operands,
 )
 from mxcheck.conformance.inputs import FAMILY_DTYPES, GRADIENT_AMAX, magnitude_tensor
+from mxcheck.diagnose import quantize as diagnose_quantize
+from mxcheck.diagnose.catalogue import QUANTIZE_BEHAVIOURS
 from mxcheck.gemm import quantize_operand
 from mxcheck.layouts import pack_mxfp6_blob, unpack_mxfp6_blob
 from mxcheck.recipes import Recipe
@@ -112,6 +114,8 @@ def check_poison_padding(backend: Any, recipe: Recipe, gen: torch.Generator, num
     dev, (m, n, k) = _device(backend), _shape(recipe, *_POISON_MNK)
     ctx = {"recipe": recipe.name, "m": m, "n": n, "k": k}
     x, w = training_operands(recipe, gen, dev, m, n, k)
+    differing: list[Any] = []
+    compared = 0
     if hasattr(backend, "quantize"):
         accepted = tuple(getattr(backend, "input_dtypes", FAMILY_DTYPES))
         for name, t in (("x_row", x), ("w_row", w)):
@@ -120,11 +124,21 @@ def check_poison_padding(backend: Any, recipe: Recipe, gen: torch.Generator, num
             ours = [quantize_operand(u, spec, **fresh_state(recipe, name)) for _, u in inputs]
             with _poisoned_empty(dev, 0xFF):  # a Refusal propagates: the test counts it as refused
                 theirs = [backend.quantize(u, spec, **fresh_state(recipe, name)) for _, u in inputs]
-            for (label, _), o, q in zip(inputs, ours, theirs, strict=True):
+            for (label, u), o, q in zip(inputs, ours, theirs, strict=True):
+                where, compared = f"poisoned allocator{label}", compared + 1
+                # attributed as the quantize check does: counts, blocks, causes (mxcheck.diagnose)
+                d = diagnose_quantize.compare_quantized(u, spec, o, q, operand=name, label=where)
+                if d.n_differing:
+                    differing.append(diagnose_quantize.attribute(d, QUANTIZE_BEHAVIOURS))
                 for field in ("codes", "scales", "block_scales", "scale_inv"):
-                    if hasattr(o, field):  # the padded region included
-                        _bitwise(numerics, getattr(q, field), getattr(o, field),
-                                 layer=f"{name}.{field} (poisoned allocator{label})", direction="quantize", **ctx)
+                    if hasattr(o, field) and numerics is not None:  # the padded region included
+                        context = {"layer": f"{name}.{field} ({where})", "direction": "quantize", **ctx}
+                        numerics.context(**context).record(
+                            "bitwise", check_bitwise(getattr(q, field), getattr(o, field), None, context))
+    if differing:  # the attributed quantize failure first: the GEMM below reads the oracle's operands
+        raise NumericsError(diagnose_quantize.report(
+            differing, compared, f"quantize (poisoned allocator) of recipe {recipe.name}, backend "
+                          f"{getattr(backend, 'name', backend)}"))
     if hasattr(backend, "gemm"):
         a, b = _fwd_operands(recipe, x, w)
         clean = backend.gemm(a, b, out_dtype=gemm_out_dtype(backend))

@@ -73,10 +73,10 @@ def _tensor_code(name: str, t: torch.Tensor) -> str:
             f"{tuple(t.shape)}")
 
 
-def write_reproducer(finding: Finding, backend: str, recipe: str, out: Path, *, seed: int = 0) -> Path:
-    """Write ``finding`` under ``out/<backend>-<recipe>-<property>/`` and return that directory.
-    ``backend``: the factory spec ``repro.py`` passes to ``mxcheck.backends.get``."""
-    name = re.sub(r"[^A-Za-z0-9_.+-]+", "_", f"{backend.rpartition(':')[2]}-{recipe}-{finding.prop}")
+def write_reproducer(finding: Finding, factory: str, recipe: str, out: Path, *, seed: int = 0) -> Path:
+    """Write ``finding`` under ``out/<factory>-<recipe>-<property>/`` and return that directory.
+    ``factory``: the backend's factory spec ``repro.py`` passes to ``mxcheck.backends.get``."""
+    name = re.sub(r"[^A-Za-z0-9_.+-]+", "_", f"{factory.rpartition(':')[2]}-{recipe}-{finding.prop}")
     where = Path(out) / name
     where.mkdir(parents=True, exist_ok=True)
     tensors = finding.case.tensors
@@ -88,9 +88,9 @@ def write_reproducer(finding: Finding, backend: str, recipe: str, out: Path, *, 
         torch.save({n: t.clone() for n, t in tensors.items()}, where / "input.pt")
         code = 'tensors = torch.load(Path(__file__).with_name("input.pt"))\n'
     imports = "from pathlib import Path\n" if (where / "input.pt").exists() else ""
-    title = f"{finding.prop} of backend {backend} on recipe {recipe} ({finding.case.label})"
+    title = f"{finding.prop} of backend {factory} on recipe {recipe} ({finding.case.label})"
     (where / "repro.py").write_text(_SCRIPT.format(
-        title=title, seed=seed, imports=imports, backend=backend, recipe=recipe, prop=finding.prop, what=_WHAT[finding.prop],
+        title=title, seed=seed, imports=imports, backend=factory, recipe=recipe, prop=finding.prop, what=_WHAT[finding.prop],
         operand=finding.case.operand, tensors=code), encoding="utf-8")
     size = json.dumps(finding.size)
     (where / "finding.txt").write_text(f"{title}\ninput: {size}\n\n{finding.message}\n", encoding="utf-8")

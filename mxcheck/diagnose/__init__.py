@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from mxcheck.diagnose.behaviour import Attribution, Behaviour, render_attributions
 from mxcheck.diagnose.catalogue import NOT_BLOCK_BEHAVIOURS, QUANTIZE_BEHAVIOURS
+from mxcheck.diagnose.dump import load_dump
+from mxcheck.diagnose.fit import Fit, fit
 from mxcheck.diagnose.linear import LINEAR_BEHAVIOURS
 from mxcheck.diagnose.outputs import GEMM_BEHAVIOURS
 from mxcheck.diagnose.quantize import QuantizeDiff, attribute, compare_quantized, diagnose, report
 
-__all__ = ["CATALOGUE", "NOT_BLOCK_BEHAVIOURS", "Attribution", "Behaviour", "QuantizeDiff", "attribute",
-           "compare_quantized", "diagnose", "render_attributions", "report"]
+__all__ = ["CATALOGUE", "NOT_BLOCK_BEHAVIOURS", "Attribution", "Behaviour", "Fit", "QuantizeDiff", "attribute",
+           "compare_quantized", "diagnose", "fit", "load_dump", "render_attributions", "report"]
 
 _ALL = (*QUANTIZE_BEHAVIOURS, *GEMM_BEHAVIOURS, *LINEAR_BEHAVIOURS)
 CATALOGUE: dict[str, Behaviour] = {b.key: b for b in _ALL}

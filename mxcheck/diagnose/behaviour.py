@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["LEVELS", "Attribution", "Behaviour", "render_attributions"]
+__all__ = ["LEVELS", "Attribution", "Behaviour", "render_attributions", "split_fits"]
 
 # Where a behaviour acts: on a quantized operand (its fields, block by block), on a GEMM's
 # output (given the oracle's operands), or on a whole linear's output.
@@ -73,25 +73,35 @@ class Attribution:
 WEAKER_SHOWN = 3  # weaker fits listed by name when exact ones exist
 
 
-def render_attributions(attributions: list[Attribution], differing: int, unexplained: int,
-                        unit: str = "blocks") -> list[str]:
-    """Report lines: the exact fits (reproduce differing units and change none the kernel
-    gets right), every one, best first: two behaviours that reproduce the same units are
-    both listed. Weaker fits follow in full when there is no exact fit, else on one line.
-    Then the unexplained remainder."""
+def split_fits(attributions: list[Attribution], differing: int) -> tuple[list[Attribution], list[Attribution]]:
+    """(exact fits, weaker fits), each best first. Exact: changes no unit the kernel gets
+    right; where some reproduce every differing unit, those alone. The rest are weaker."""
     order = sorted(attributions, key=lambda a: (-a.reproduced, a.also_changes, a.behaviour.key))
     complete = [a for a in order if not a.also_changes and a.reproduced == differing]
     exact = complete or [a for a in order if not a.also_changes]
-    weaker = [a for a in order if a not in exact]
+    return exact, [a for a in order if a not in exact]
+
+
+def render_attributions(attributions: list[Attribution], differing: int, unexplained: int,
+                        unit: str = "blocks") -> list[str]:
+    """Report lines. Only exact fits head the list: a behaviour that reproduces every unit
+    it is named for and changes none the kernel gets right; every one, best first (two
+    behaviours that reproduce the same units are both listed; where some reproduce every
+    differing unit, those alone). A weaker fit (it changes units the kernel gets right, or
+    explains fewer than a complete one) never heads the list: it follows on one line, named
+    as weaker. Then the unexplained remainder."""
+    exact, weaker = split_fits(attributions, differing)
     lines = [a.line() for a in exact]
-    if exact and weaker:
+    if not exact and weaker:
+        lines.append(f"no known behaviour reproduces any of the {differing:,} differing {unit} without changing "
+                     f"{unit} the kernel gets right")
+    if weaker:
         named = "; ".join(f"{a.behaviour.title} ({a.reproduced:,} reproduced, {a.also_changes:,} right ones changed)"
                           if a.also_changes else f"{a.behaviour.title} ({a.reproduced:,} reproduced)"
                           for a in weaker[:WEAKER_SHOWN])
         more = f"; and {len(weaker) - WEAKER_SHOWN} more" if len(weaker) > WEAKER_SHOWN else ""
-        lines.append(f"weaker fits (they explain fewer {unit} or change {unit} the kernel gets right): {named}{more}")
-    else:
-        lines += [a.line() for a in weaker]
+        lines.append(f"weaker fits, not a cause (they explain fewer {unit} or change {unit} the kernel gets right): "
+                     f"{named}{more}")
     if unexplained:
         lines.append(f"{unexplained:,} of {differing:,} differing {unit} are reproduced by no known behaviour "
                      "(mxcheck.diagnose.CATALOGUE)")

@@ -36,7 +36,7 @@ from mxcheck.diagnose.precision import (
 )
 from mxcheck.formats import FloatFormat, encode_bits, get_format
 from mxcheck.gemm import quantize_operand
-from mxcheck.profiles import ALL_PROFILES, FP8Profile, NVFP4Profile, Profile
+from mxcheck.profiles import ALL_PROFILES, FP8Profile, NVFP4Profile, Profile, get_profile
 from mxcheck.recipes import OperandSpec
 from mxcheck.scaling.fp8 import FP8Tensor
 from mxcheck.scaling.mx import MXTensor
@@ -60,7 +60,7 @@ def spec_profile(spec: OperandSpec, x: torch.Tensor) -> Profile | NVFP4Profile |
     if spec.pad_to is not None and x.shape[-1] % spec.pad_to:
         return None
     if spec.profile is not None:
-        return ALL_PROFILES[spec.profile]
+        return get_profile(spec.profile)
     if spec.scaling == "mx":
         return Profile("oracle", block_size=spec.block_size, scale_rule=spec.scale_rule, rounding=spec.rounding,
                        zero_scale=spec.zero_scale, hadamard=spec.hadamard)
@@ -168,6 +168,12 @@ CONVENTIONS: tuple[Convention, ...] = (
                "then floored", (8,), "Primus-Turbo MXFP4, AITER MxScaleRoundMode.Even, torchao EVEN"),
     Convention(Profile, "scale_rule", "rceil", "rceil scale rule: ceil(log2(amax / max_elem))", (4,),
                "TE MXFP8, torchao RCEIL"),
+    *(Convention(Profile, "scale_mbits", m, f"even scale rule at {m}-bit mantissa width (another element "
+                 f"format's: {fmts}) for every element format", (), seen, (("scale_rule", "even"),))
+      for m, fmts, seen in ((1, "e2m1", "issue 36: a released library's MXFP8 (not named there)"),
+                            (2, "e3m2, e5m2", ""), (3, "e2m3, e4m3", ""))),
+    Convention(Profile, "amax_floor", 1e-30, "log2 of max(amax, 1e-30): a tiny block gets byte 25", (),
+               "AITER quant_mxfp6_torch", (("exponent_source", "log2_fp32"),)),
     Convention(Profile, "exponent_range", "wrap",
                "block exponent stored unclamped to E8M0's range (the biased exponent kept modulo 256)", ()),
     Convention(Profile, "exponent_range", "unsigned",
@@ -228,6 +234,12 @@ CONVENTIONS: tuple[Convention, ...] = (
     Convention(NVFP4Profile, "block_scale_min", 2.0**-9, "NVFP4 block scale floored at 2^-9", (15,),
                "ModelOpt"),
     Convention(NVFP4Profile, "zero_block_scale", 1.0, "an NVFP4 zero block scale becomes 1.0", (15,), "ModelOpt"),
+    Convention(NVFP4Profile, "underflow_block_scale", 0.125, "an NVFP4 block scale stored as 0 (a zero block, or "
+               "one that underflows) becomes 0.125, e4m3's epsilon", (), "issue 36: a released NVFP4 library"),
+    Convention(NVFP4Profile, "nonfinite_tensor_scale", 1.0, "a NaN or Inf NVFP4 tensor amax falls back to "
+               "per-tensor scale 1", (), "issue 36: a released NVFP4 library"),
+    *(Convention(NVFP4Profile, "scale_dtype", dt, f"NVFP4 scale arithmetic in {dt} (per-tensor and block scales "
+                 f"rounded to {dt} before the ue4m3 cast)", ()) for dt in ("bfloat16", "float16")),
     # FP8 tensorwise scale arithmetic
     Convention(FP8Profile, "scale_formula", "te", "FP8 scale fp8_max / amax (TE: amax 0 or Inf gives scale 1)",
                (16,), "TransformerEngine"),
@@ -235,6 +247,8 @@ CONVENTIONS: tuple[Convention, ...] = (
                "Primus-Turbo, torchao"),
     Convention(FP8Profile, "scale_arithmetic", "input_reciprocal", "FP8 scale computed in the input's dtype "
                "(bf16 scale arithmetic)", (), "torchao 0.5 amax_to_scale", (("scale_formula", "primus_turbo"),)),
+    *(Convention(FP8Profile, "scale_arithmetic", dt, f"FP8 scale rounded to {dt} (scale arithmetic in {dt})", ())
+      for dt in ("bfloat16", "float16")),
     Convention(FP8Profile, "multiply_dtype", "input", "x * scale rounded to the input's dtype before the cast",
                (), "torchao 0.5 _ToFloat8ConstrFunc"),
 )
@@ -326,6 +340,41 @@ def _special_zeroes_block(x: torch.Tensor, spec: OperandSpec, oracle: Any) -> An
     return replace(oracle, codes=torch.where(per_element, 0, oracle.codes).to(torch.uint8), **{field: scales})
 
 
+def _signed_zero_block(x: torch.Tensor, spec: OperandSpec, oracle: Any) -> Any:
+    # As _special_zeroes_block, but each zero code keeps its element's sign (x < 0 -> -0):
+    # a block failure that writes 0x8 in e2m1 where the catalogue's writes +0.
+    q = _special_zeroes_block(x, spec, oracle)
+    if q is None:
+        return None
+    fmt, found = element_format(oracle), _block_mask(oracle, _specials(x))
+    blocks = found[1].repeat_interleave(oracle.codes.shape[-1] // found[1].shape[-1], dim=-1)
+    sign = (x < 0).to(torch.uint8) << (fmt.bits - 1)
+    return _with_codes(q, torch.where(blocks & (x.shape == q.codes.shape), sign, q.codes).to(torch.uint8))
+
+
+def _inf_block_byte_127(x: torch.Tensor, spec: OperandSpec, oracle: Any) -> Any:
+    # A block holding an Inf stores scale byte 127 (MX: 2^0; NVFP4 ue4m3: 0x7F, NaN) with every code 0.
+    found = _block_mask(oracle, torch.isinf(x))
+    if found is None or not bool(found[1].any()):
+        return None
+    field, blocks = found
+    per_element = blocks.repeat_interleave(oracle.codes.shape[-1] // blocks.shape[-1], dim=-1)
+    scales = torch.where(blocks, torch.tensor(127, dtype=torch.uint8), getattr(oracle, field))
+    return replace(oracle, codes=torch.where(per_element, 0, oracle.codes).to(torch.uint8), **{field: scales})
+
+
+def _canonical_nan_code(x: torch.Tensor, spec: OperandSpec, oracle: Any) -> Any:
+    # CUDA's float -> e4m3 conversion writes 0x7F for every NaN, whatever its sign.
+    fmt = element_format(oracle)
+    if fmt.nan_code is None or fmt.nan == "fnuz":
+        return None
+    c = oracle.codes
+    nan = (c & fmt.magnitude_mask) == fmt.nan_code
+    if not bool((nan & (c != fmt.nan_code)).any()):
+        return None
+    return _with_codes(oracle, torch.where(nan, fmt.nan_code, c).to(torch.uint8))
+
+
 def _nan_whole_tensor(x: torch.Tensor, spec: OperandSpec, oracle: Any) -> Any:
     # One NaN reaches a tensor-wide reduction and every scale (so every value) becomes NaN.
     if not bool(torch.isnan(x).any()):
@@ -411,8 +460,14 @@ NOT_BLOCK_BEHAVIOURS: dict[int, str] = {
 
 
 FAILURES: tuple[Behaviour, ...] = (
+    # first: they quantize x afresh, so a fit applies the code transforms below after them
+    Behaviour("fp8_amax_no_special_case", "FP8 scale fp8_max / amax with no case for a NaN or Inf amax "
+              "(NaN: every code NaN; Inf: the row's finite values flush to zero)", "quantize",
+              _no_special_case_amax, (16,), "torchao Float8 (float8_utils.py::amax_to_scale)"),
     Behaviour("nibble_order", "fp4 element pairs swapped (element 0 in the high nibble)", "quantize", _nibble_swap,
               (19,), "torchao before 2025-10 (pytorch/ao#2939)"),
+    Behaviour("canonical_nan_code", "every NaN code is the positive NaN (CUDA writes 0x7F for an e4m3 NaN)",
+              "quantize", _canonical_nan_code, (9,), "CUDA __nv_cvt_float_to_fp8 on the H200 (issue 36)"),
     Behaviour("nan_code_sign", "NaN codes with the other sign bit", "quantize", _nan_code_sign, (9, 11)),
     Behaviour("nan_scale_sign", "an NVFP4 NaN block scale stored as 0xff (a signed e4m3 NaN, sign bit set), "
               "not ue4m3's 0x7f", "quantize", _nan_scale_sign),
@@ -422,11 +477,13 @@ FAILURES: tuple[Behaviour, ...] = (
     Behaviour("daz_inputs", "subnormal inputs read as zero (DAZ)", "quantize", _daz),
     Behaviour("special_zeroes_block", "a NaN or Inf zeroes its whole block", "quantize", _special_zeroes_block,
               (6,), "AITER quant_mxfp6_torch (NaN)"),
+    Behaviour("special_zeroes_block_signed", "a NaN or Inf zeroes its whole block, each zero with its "
+              "element's sign (x < 0 gives -0)", "quantize", _signed_zero_block, (6,),
+              "issue 36: a released QAT library"),
+    Behaviour("inf_block_byte_127", "a block holding an Inf stores scale byte 127 with every code 0", "quantize",
+              _inf_block_byte_127, (), "issue 36: a released NVFP4 library"),
     Behaviour("nan_whole_tensor", "a NaN spreads over the whole tensor (every scale NaN)", "quantize",
               _nan_whole_tensor),
-    Behaviour("fp8_amax_no_special_case", "FP8 scale fp8_max / amax with no case for a NaN or Inf amax "
-              "(NaN: every code NaN; Inf: the row's finite values flush to zero)", "quantize",
-              _no_special_case_amax, (16,), "torchao Float8 (float8_utils.py::amax_to_scale)"),
 )
 
 
@@ -458,20 +515,42 @@ def _convention_behaviour(c: Convention) -> Behaviour:
 CONVENTION_OF: dict[str, Convention] = {c.key: c for c in CONVENTIONS}
 
 
-def combined(first: Behaviour, second: Behaviour) -> Behaviour | None:
-    """Two conventions at once (one kernel may do both: a log2 exponent and no signed zero),
-    or None where either is not a convention or they set one field to two values."""
-    a, b = CONVENTION_OF.get(first.key), CONVENTION_OF.get(second.key)
-    if a is None or b is None or a.kind is not b.kind:
+def combined(*behaviours: Behaviour) -> Behaviour | None:
+    """Several conventions at once (one kernel may do three: the even rule, -0 lost, an Inf
+    byte), with failures (``FAILURES``) applied to their tensor after, in the order given;
+    None where a behaviour is neither, the conventions are of two kinds, or they set one
+    field to two values."""
+    convs = [CONVENTION_OF.get(b.key) for b in behaviours]
+    failures = [b for b, c in zip(behaviours, convs, strict=True) if c is None]
+    convs = [c for c in convs if c is not None]
+    if len(behaviours) < 2 or any(b not in FAILURES for b in failures) or len({c.kind for c in convs}) > 1:
         return None
-    fields = dict(((a.field, a.value), *a.also))
-    for f, v in ((b.field, b.value), *b.also):
-        if fields.setdefault(f, v) != v:
+    fields: dict[str, Any] = {}
+    for c in convs:
+        for f, v in ((c.field, c.value), *c.also):
+            if fields.setdefault(f, v) != v:
+                return None
+    title = ", together with ".join(b.title for b in behaviours)
+    cases = tuple(sorted({n for b in behaviours for n in b.cases}))
+    seen = "; ".join(filter(None, (b.seen_in for b in behaviours)))
+    key = " & ".join(b.key for b in behaviours)
+    if convs:
+        a = convs[0]
+        first = _convention_run(Convention(a.kind, a.field, a.value, title, cases, seen,
+                                           tuple((f, v) for f, v in fields.items() if f != a.field)))
+    else:
+        def first(x: torch.Tensor, spec: OperandSpec, oracle: Any) -> Any:
+            return oracle
+
+    def run(x: torch.Tensor, spec: OperandSpec, oracle: Any) -> Any:
+        q = first(x, spec, oracle) if convs else oracle
+        if q is None:
             return None
-    both = Convention(a.kind, a.field, a.value, f"{a.title}, together with {b.title}",
-                      tuple(sorted({*a.cases, *b.cases})), "; ".join(filter(None, (a.seen_in, b.seen_in))),
-                      tuple((f, v) for f, v in fields.items() if f != a.field))
-    return replace(_convention_behaviour(both), key=f"{first.key} & {second.key}")
+        for b in failures:
+            moved = b.run(x, spec, q)
+            q = q if moved is None else moved
+        return q
+    return Behaviour(key, title, "quantize", run, cases, seen)
 
 
 QUANTIZE_BEHAVIOURS: tuple[Behaviour, ...] = (

@@ -11,101 +11,40 @@ where its bits equal the kernel's, in every field, and for no others.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from mxcheck.diagnose.behaviour import Attribution, Behaviour, render_attributions
-from mxcheck.diagnose.catalogue import combined, element_format
+from mxcheck.diagnose.behaviour import Attribution, Behaviour, render_attributions, split_fits
+from mxcheck.diagnose.catalogue import CONVENTION_OF, combined, element_format
+from mxcheck.diagnose.compare import (
+    QUANTIZE_FIELDS,
+    _anchor_rows,
+    _bits,
+    _block_ids,
+    _cpu,
+    _element_diffs,
+    _per_block,
+    _row_separable,
+    _take_rows,
+    compared_fields,
+    field_problem,
+    nan_scale_blocks,
+)
+from mxcheck.diagnose.fit import FitCase, fit
 from mxcheck.formats import FloatFormat, decode_table, get_format
 from mxcheck.recipes import OperandSpec
-from mxcheck.scaling.fp8 import FP8Tensor
-from mxcheck.scaling.mx import MXTensor
-from mxcheck.scaling.nvfp4 import NVFP4Tensor
 from mxcheck.scaling.rules import E8M0_NAN
 
 __all__ = ["QUANTIZE_FIELDS", "FieldCount", "QuantizeDiff", "attribute", "compare_quantized", "compared_fields",
-           "diagnose", "report", "summary"]
+           "diagnose", "field_problem", "nan_scale_blocks", "report", "summary"]
 
 # The fields of the contract (mxcheck.backends.contract.QuantizeBackend), scales first: a
 # wrong scale explains the codes after it. ``amax`` and FP8's ``scale`` are left out: the
 # GEMM never reads them, and adapters fill them with torch where a kernel returns none.
-QUANTIZE_FIELDS = ("tensor_scale", "scale_inv", "scales", "block_scales", "codes")
-_BLOCK_FIELDS = ("scales", "block_scales", "scale_inv")  # the field whose entries are the blocks
 EXAMPLES_PER_KIND = 2  # blocks shown for each kind of difference (which fields differ)
 ELEMENTS_PER_BLOCK = 4  # differing elements shown in a block
-
-
-def compared_fields(oracle: Any) -> tuple[str, ...]:
-    return tuple(f for f in QUANTIZE_FIELDS if isinstance(getattr(oracle, f, None), torch.Tensor))
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    """Integer bits of t, so NaN payloads, signs and -0 count."""
-    t = t.detach().cpu()
-    if t.dtype.is_floating_point:
-        return t.contiguous().view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]).to(torch.int64)
-    return t.to(torch.int64)
-
-
-def _expand(t: torch.Tensor, shape: torch.Size) -> torch.Tensor:
-    """A per-block field spread over the elements it scales (a 0-dim one over all)."""
-    if t.ndim == 0:
-        return t.expand(shape)
-    for dim, (have, want) in enumerate(zip(t.shape, shape, strict=True)):
-        if have != want:
-            t = t.repeat_interleave(-(-want // have), dim=dim).narrow(dim, 0, want)
-    return t
-
-
-def _block_ids(oracle: Any) -> tuple[str, torch.Tensor, int]:
-    """(block field, block index of every element, number of blocks)."""
-    codes = oracle.codes
-    name = next((f for f in _BLOCK_FIELDS if isinstance(getattr(oracle, f, None), torch.Tensor)), None)
-    if name is None or getattr(oracle, name).ndim == 0:  # one scale for the tensor: rows are the units
-        rows = codes.shape[0] if codes.ndim else 1
-        return "rows", torch.arange(rows).reshape(-1, *[1] * (codes.ndim - 1)).expand(codes.shape), rows
-    scale = getattr(oracle, name)
-    ids = torch.arange(scale.numel()).reshape(scale.shape)
-    return name, _expand(ids, codes.shape), scale.numel()
-
-
-def _nan_blocks(q: Any) -> torch.Tensor | None:
-    """Elements of MX blocks whose scale byte is NaN: OCP MX 6.3 makes them all NaN, so their
-    codes are not part of the contract (check_quantize does the same)."""
-    if not isinstance(q, MXTensor) or not isinstance(q.scales, torch.Tensor):
-        return None
-    return _expand((q.scales == E8M0_NAN).cpu(), q.codes.shape)
-
-
-def field_problem(name: str, got: Any, want: torch.Tensor) -> str:
-    if not isinstance(got, torch.Tensor):
-        return f"{name} is {type(got).__name__}, expected a tensor"
-    if tuple(got.shape) != tuple(want.shape) or got.dtype != want.dtype:
-        return f"{name} is {got.dtype} {list(got.shape)}, expected {want.dtype} {list(want.shape)}"
-    return ""
-
-
-def _element_diffs(q: Any, oracle: Any, fields: tuple[str, ...]) -> dict[str, torch.Tensor] | str:
-    """Per field, where q differs from oracle, spread over the elements; or what is wrong with q."""
-    out, shape = {}, oracle.codes.shape
-    skip = _nan_blocks(oracle)
-    other = _nan_blocks(q)
-    skip = skip if other is None else other if skip is None else skip & other
-    for name in fields:
-        got, want = getattr(q, name, None), getattr(oracle, name)
-        if problem := field_problem(name, got, want):
-            return problem
-        diff = _expand(_bits(got) != _bits(want), shape)
-        if name == "codes" and skip is not None:
-            diff = diff & ~skip
-        out[name] = diff
-    return out
-
-
-def _per_block(mask: torch.Tensor, ids: torch.Tensor, n: int) -> torch.Tensor:
-    return torch.zeros(n, dtype=torch.int64).index_add_(0, ids.flatten(), mask.flatten().to(torch.int64)) > 0
 
 
 @dataclass(frozen=True)
@@ -136,6 +75,7 @@ class QuantizeDiff:
     unexplained: int = 0
     explained: torch.Tensor | None = None  # bool per block: some behaviour reproduces it
     examined: torch.Tensor | None = None  # bool per block: in the rows attribution ran on
+    fit: Any = None  # mxcheck.diagnose.fit.Fit on the rows examined, where profiles model the spec
 
     @property
     def n_differing(self) -> int:
@@ -184,52 +124,12 @@ def compare_quantized(x: torch.Tensor, spec: OperandSpec, oracle: Any, kernel: A
     return d
 
 
-def _cpu(q: Any) -> Any:
-    """q with its tensor fields on the CPU (a report reads them element by element)."""
-    if not hasattr(q, "__dataclass_fields__"):
-        return q
-    moved = {f: getattr(q, f).cpu() for f in q.__dataclass_fields__ if isinstance(getattr(q, f), torch.Tensor)}
-    return replace(q, **moved) if moved else q
-
-
 # ---- attribution ------------------------------------------------------------------------------
 
 
 SCREEN_ROWS = 8  # rows a behaviour is first tried on; only those that reproduce a block there run on more
 ATTRIBUTION_ROWS = 256  # rows holding differing blocks that attribution counts on (the first ones; the
 # conformance inputs have 256, so every differing block of theirs is counted)
-
-
-def _row_separable(q: Any) -> bool:
-    """A behaviour may run on some rows: blocks lie within rows (1D MX and NVFP4 blocks, FP8
-    rows, tensors and 1x128 blocks), and a per-tensor amax is kept by the anchor rows
-    (``_anchor_rows``). Not 2D tiles, nor an NVFP4 rotation (its amax is taken after it)."""
-    if isinstance(q, MXTensor):
-        return not q.block_2d and q.codes.ndim == 2
-    if isinstance(q, NVFP4Tensor):
-        return not q.block_2d and q.hadamard is None and q.codes.ndim == 2
-    return isinstance(q, FP8Tensor) and q.granularity in ("tensor", "row", "block1x128") and q.codes.ndim == 2
-
-
-def _anchor_rows(x: torch.Tensor) -> torch.Tensor:
-    """Rows that keep a tensor-wide reduction of x what it is on the whole tensor: the row of
-    the largest finite magnitude, the first row with a NaN, the first with an Inf."""
-    a = x.abs().float()
-    finite = torch.where(torch.isfinite(a), a, 0).amax(dim=1)
-    rows = [int(finite.argmax())]
-    for special in (torch.isnan(a), torch.isinf(a)):
-        hit = special.any(dim=1).nonzero().flatten()
-        rows += hit[:1].tolist()
-    return torch.tensor(rows, dtype=torch.int64)
-
-
-def _take_rows(q: Any, rows: torch.Tensor) -> Any:
-    n = q.codes.shape[0]
-    moved = {f: getattr(q, f)[rows] for f in q.__dataclass_fields__
-             if isinstance(getattr(q, f), torch.Tensor) and getattr(q, f).ndim and getattr(q, f).shape[0] == n}
-    if isinstance(q, MXTensor):
-        moved["shape"] = (len(rows), *q.shape[1:])
-    return replace(q, **moved)
 
 
 @dataclass
@@ -277,13 +177,17 @@ def _differing_rows(d: QuantizeDiff, blocks: torch.Tensor, limit: int | None) ->
     return rows if limit is None else rows[:limit]
 
 
-def attribute(d: QuantizeDiff, behaviours: tuple[Behaviour, ...], first: tuple[Behaviour, ...] = ()) -> QuantizeDiff:
+def attribute(d: QuantizeDiff, behaviours: tuple[Behaviour, ...], first: tuple[Behaviour, ...] = (),
+              start: Any = None) -> QuantizeDiff:
     """Name each quantize behaviour for the differing blocks whose every field it reproduces,
     and count the agreeing blocks (in the rows it ran on) it would change. A behaviour is
     screened on a few rows holding differing blocks (first those no behaviour has explained
     yet) and run on every such row only where it reproduced one there. ``first``: behaviours
     that explained another comparison of the same check; they run before any screening, and
-    when they explain every block the others are not tried."""
+    when they explain every block the others are not tried. Then the fit
+    (``mxcheck.diagnose.fit``, from ``start``: another comparison's fit of the same spec)
+    combines as many conventions and failures as the blocks need, and is named where it
+    combines several."""
     if d.differing is None or not d.n_differing:
         return d
     full = _rows(d, _differing_rows(d, d.differing, ATTRIBUTION_ROWS))
@@ -305,23 +209,42 @@ def attribute(d: QuantizeDiff, behaviours: tuple[Behaviour, ...], first: tuple[B
         for b in tried:
             _count(d, b, full)
         tried = []
-    _pairs(d, full)
+    _fitted(d, full, start)
     d.unexplained = int((d.differing & d.examined & ~d.explained).sum())
     return d
 
 
-PAIRED = 6  # named conventions tried two at a time where blocks are left unexplained
+def _fitted(d: QuantizeDiff, full: _Rows, start: Any) -> None:
+    """The fit on the rows examined, where no single behaviour reproduces every block; named
+    where it combines conventions or failures (a single one is in the catalogue already)."""
+    examined = int((d.differing & d.examined).sum())
+    if any(a.reproduced == examined and not a.also_changes for a in d.attributions):
+        return  # one behaviour reproduces every block exactly: a fit names nothing more (and costs a search)
+    try:
+        case = FitCase(full.x, d.spec, full.oracle, full.kernel, d.label)
+    except ValueError:
+        return
+    d.fit = fit([case], start)
+    if d.fit is None:  # 2D tiles, padding: conventions named so far, two at a time
+        _pairs(d, full)
+        return
+    behaviour = d.fit.behaviour() if d.fit.size > 1 else None
+    if behaviour is not None and all(a.behaviour.key != behaviour.key for a in d.attributions):
+        _count(d, behaviour, full)
+
+
+PAIRED = 6  # named conventions tried two at a time where the fit cannot run
 
 
 def _pairs(d: QuantizeDiff, full: _Rows) -> None:
-    """Blocks no single behaviour reproduces may show two conventions at once (one hides the
-    other in a first-difference report): each pair of the conventions named so far."""
+    """Where profiles cannot model the spec (2D tiles: conventions run on tiles as blocks),
+    blocks no single behaviour reproduces may show two conventions at once."""
     named = [a.behaviour for a in d.attributions][:PAIRED]
     for i, first in enumerate(named):
         for second in named[i + 1:]:
             if not bool((d.differing & d.examined & ~d.explained).any()):
                 return
-            both = combined(first, second)
+            both = combined(first, second) if first.key in CONVENTION_OF and second.key in CONVENTION_OF else None
             if both is not None:
                 _count(d, both, full)
 
@@ -433,6 +356,9 @@ def diagnose(d: QuantizeDiff, behaviours: tuple[Behaviour, ...] | None = None) -
         lines.append(f"  attribution on the {examined:,} differing {d.unit} of the first {ATTRIBUTION_ROWS} rows "
                      "that hold any:")
     lines += ["  " + line for line in render_attributions(d.attributions, examined, d.unexplained, d.unit)]
+    if d.fit is not None and d.fit.size:
+        lines.append(f"  fitted profile (on the rows examined; mxcheck fit for the whole recipe): "
+                     f"{d.fit.text(d.spec.profile or 'the recipe')}")
     for kind, blocks in d.kinds.items():
         order = blocks.nonzero().flatten()
         if d.explained is not None:  # examined blocks no behaviour reproduces first: they are the news
@@ -453,24 +379,31 @@ def _best(d: QuantizeDiff) -> str:
 
 
 def summary(diffs: list[QuantizeDiff]) -> list[str]:
-    """Each behaviour over every comparison it reproduces blocks in: how many of the
-    differing blocks examined there it reproduces, in how many comparisons."""
+    """Each behaviour over the comparisons where it heads the text (an exact fit there:
+    ``split_fits``): how many of the differing blocks examined there it reproduces, in how
+    many comparisons. A behaviour that is a weaker fit in every comparison it touches is
+    named only on a last line, as weaker: as in each comparison's text, it heads nothing."""
     totals: dict[str, list[Any]] = {}
+    weaker: dict[str, Behaviour] = {}
     for d in diffs:
-        for a in d.attributions:
-            t = totals.setdefault(a.behaviour.key, [a.behaviour, 0, 0, 0, 0])
+        exact, weak = split_fits(d.attributions, d.n_examined)
+        for a in weak:
+            weaker.setdefault(a.behaviour.key, a.behaviour)
+        for a in exact:
+            t = totals.setdefault(a.behaviour.key, [a.behaviour, 0, 0])
             t[1] += a.reproduced
-            t[2] += a.differing
-            t[3] += 1
-            t[4] += a.also_changes
+            t[2] += 1
     examined = sum(d.n_examined for d in diffs)
     unexplained = sum(d.unexplained for d in diffs)
-    ranked = sorted(totals.values(), key=lambda t: (t[4] > 0, -t[1], t[0].key))
+    ranked = sorted(totals.values(), key=lambda t: (-t[1], t[0].key))
     lines = [f"{rep:,} of the {examined:,} differing blocks examined are reproduced by: {b.describe()} "
-             f"(in {n} of {len(diffs)} comparisons{'' if not changed else f'; it also changes {changed:,} right ones'})"
-             for b, rep, _, n, changed in ranked[:3]]
+             f"(in {n} of {len(diffs)} comparisons)" for b, rep, n in ranked[:3]]
     if len(ranked) > 3:
         lines.append(f"... {len(ranked) - 3} more behaviours fit some blocks (per comparison below)")
+    only_weaker = [b.title for k, b in weaker.items() if k not in totals]
+    if only_weaker:
+        lines.append("weaker fits, not a cause (they explain fewer blocks or change blocks the kernel gets right): "
+                     + "; ".join(only_weaker[:3]) + (f"; and {len(only_weaker) - 3} more" if len(only_weaker) > 3 else ""))
     if unexplained:
         lines.append(f"{unexplained:,} of the {examined:,} differing blocks examined are reproduced by no known "
                      "behaviour")

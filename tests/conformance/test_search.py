@@ -18,6 +18,7 @@ from mxcheck.conformance.search import judge, search
 from mxcheck.conformance.search_repro import write_reproducer
 from mxcheck.diagnose import CATALOGUE
 from tests._helpers import run_cli
+from tests.test_docs_example import assert_pasted_output_is_current
 
 pytest.importorskip("hypothesis")
 pytestmark = pytest.mark.emulated
@@ -47,6 +48,14 @@ SLOW = {
     "bad-nvfp4-block-scale-bf16": ("nvfp4", "quantize", "nvfp4_block_scale_bf16"),
     "bad-mx-scale-float16": ("mxfp8", "quantize", "mx_scale_float16"),
     "bad-fp8-double-round": ("fp8", "quantize", "fp8_product_bf16"),
+    # conventions a released library holds (issue 36)
+    "bad-even-mantissa": ("mxfp8", "quantize", None),
+    "bad-nvfp4-eps-scale": ("nvfp4", "quantize", None),
+    "bad-nvfp4-nonfinite-scale-1": ("nvfp4", "quantize", None),
+    "bad-three-conventions": ("mxfp8", "quantize", None),
+    "bad-inf-block-127": ("mxfp8", "quantize", "inf_block_byte_127"),
+    "bad-cuda-nan-code": ("fp8", "quantize", "canonical_nan_code"),
+    "bad-fast-accumulation": ("fp8", "gemm", None),
 }
 
 
@@ -163,6 +172,7 @@ def test_the_cli_writes_the_reproducer_and_exits_1(tmp_path, capsys):
     assert code == 1
     assert "reproducer: python" in out and "1 nonzero values" in out
     assert (tmp_path / "repro" / "TruncForRne-mxfp4-quantize" / "repro.py").exists()
+    assert_pasted_output_is_current("search-bad-trunc", out)  # the run docs/backends.md shows
 
 
 def test_the_cli_on_the_oracle_exits_0(tmp_path, capsys):
