@@ -363,16 +363,22 @@ def _inf_block_byte_127(x: torch.Tensor, spec: OperandSpec, oracle: Any) -> Any:
     return replace(oracle, codes=torch.where(per_element, 0, oracle.codes).to(torch.uint8), **{field: scales})
 
 
-def _canonical_nan_code(x: torch.Tensor, spec: OperandSpec, oracle: Any) -> Any:
-    # CUDA's float -> e4m3 conversion writes 0x7F for every NaN, whatever its sign.
+def _nan_codes(oracle: Any) -> tuple[FloatFormat, torch.Tensor] | None:
+    """(element format, mask of the oracle's NaN codes), or None where the format has no NaN
+    code with a sign (fnuz) or the oracle wrote none."""
     fmt = element_format(oracle)
     if fmt.nan_code is None or fmt.nan == "fnuz":
         return None
-    c = oracle.codes
-    nan = (c & fmt.magnitude_mask) == fmt.nan_code
-    if not bool((nan & (c != fmt.nan_code)).any()):
+    nan = (oracle.codes & fmt.magnitude_mask) == fmt.nan_code
+    return (fmt, nan) if bool(nan.any()) else None
+
+
+def _canonical_nan_code(x: torch.Tensor, spec: OperandSpec, oracle: Any) -> Any:
+    # CUDA's float -> e4m3 conversion writes 0x7F for every NaN, whatever its sign.
+    if (found := _nan_codes(oracle)) is None or not bool((found[1] & (oracle.codes != found[0].nan_code)).any()):
         return None
-    return _with_codes(oracle, torch.where(nan, fmt.nan_code, c).to(torch.uint8))
+    fmt, nan = found
+    return _with_codes(oracle, torch.where(nan, fmt.nan_code, oracle.codes).to(torch.uint8))
 
 
 def _nan_whole_tensor(x: torch.Tensor, spec: OperandSpec, oracle: Any) -> Any:
@@ -409,13 +415,10 @@ def _no_special_case_amax(x: torch.Tensor, spec: OperandSpec, oracle: Any) -> An
 def _nan_code_sign(x: torch.Tensor, spec: OperandSpec, oracle: Any) -> Any:
     # The NaN code with the other sign bit (0x7F against 0xFF in e4m3): a cast that drops or
     # sets a NaN's sign.
-    fmt = element_format(oracle)
-    if fmt.nan_code is None or fmt.nan == "fnuz":
+    if (found := _nan_codes(oracle)) is None:
         return None
+    fmt, nan = found
     c = oracle.codes
-    nan = (c & fmt.magnitude_mask) == fmt.nan_code
-    if not bool(nan.any()):
-        return None
     return _with_codes(oracle, torch.where(nan, c ^ (1 << (fmt.bits - 1)), c).to(torch.uint8))
 
 

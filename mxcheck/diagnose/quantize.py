@@ -381,8 +381,9 @@ def _best(d: QuantizeDiff) -> str:
 def summary(diffs: list[QuantizeDiff]) -> list[str]:
     """Each behaviour over the comparisons where it heads the text (an exact fit there:
     ``split_fits``): how many of the differing blocks examined there it reproduces, in how
-    many comparisons. A behaviour that is a weaker fit in every comparison it touches is
-    named only on a last line, as weaker: as in each comparison's text, it heads nothing."""
+    many comparisons. A behaviour that is a weaker fit in any comparison it touches is named
+    only on a last line, as weaker: it heads nothing, here as in that comparison's text (one
+    exact on a few small inputs and weaker on the rest is not the cause the rest shows)."""
     totals: dict[str, list[Any]] = {}
     weaker: dict[str, Behaviour] = {}
     for d in diffs:
@@ -393,6 +394,8 @@ def summary(diffs: list[QuantizeDiff]) -> list[str]:
             t = totals.setdefault(a.behaviour.key, [a.behaviour, 0, 0])
             t[1] += a.reproduced
             t[2] += 1
+    for key in [k for k in totals if k in weaker]:  # exact somewhere, weaker elsewhere
+        del totals[key]
     examined = sum(d.n_examined for d in diffs)
     unexplained = sum(d.unexplained for d in diffs)
     ranked = sorted(totals.values(), key=lambda t: (-t[1], t[0].key))
