@@ -50,6 +50,10 @@ SLOW.update({name: (recipe, check, cause if cause in CATALOGUE else None)
              for name, (recipe, check, cause) in EXPECTED.items()
              if name not in FAST and name not in SLOW and check in ("quantize", "gemm")})
 
+# NVFP4 block scales computed in bf16: in one block the block amax is the tensor amax and its
+# scale is 448 exactly in any precision; a second block, under the first, is what bf16 rounds.
+TWO_BLOCKS = {"bad-nvfp4-block-scale-bf16"}
+
 
 def _find(name: str, recipe: str, prop: str, seed: int = 0, max_examples: int = 400):
     result = search(KNOWN_BAD[name], recipe, seconds=LONG, seed=seed, properties=[prop], max_examples=max_examples)
@@ -60,8 +64,11 @@ def _find(name: str, recipe: str, prop: str, seed: int = 0, max_examples: int = 
 def _assert_found_and_shrunk(name: str) -> None:
     recipe, prop, cause = {**FAST, **SLOW}[name]
     finding = _find(name, recipe, prop)
-    assert finding.size["blocks"] == 1, finding.size
-    assert finding.size["nonzeros"] <= 4, finding.size
+    if name in TWO_BLOCKS:  # no one-block input shows it: two values, one per block, at the least
+        assert finding.size["nonzeros"] == 2, finding.size
+    else:
+        assert finding.size["blocks"] == 1, finding.size
+        assert finding.size["nonzeros"] <= 4, finding.size
     if cause is not None:
         assert CATALOGUE[cause].describe() in finding.message, finding.message
 
