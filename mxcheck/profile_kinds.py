@@ -15,7 +15,7 @@ float32 per-tensor decode scale that ``NVFP4Tensor.tensor_scale`` holds):
 - ``zero_block_scale``: a block scale of exactly 0 becomes this (ModelOpt: 1.0).
 - ``underflow_block_scale``: a block scale whose ue4m3 code is 0 (a zero block, or a scale
   that underflows) is stored as this value instead (0.125, e4m3's epsilon, in a released
-  NVFP4 library measured in issue 36).
+  NVFP4 library).
 - ``nonfinite_tensor_scale``: a NaN or Inf global amax gives this per-tensor scale (1.0)
   instead of a NaN or Inf one; blocks are then scaled against it.
 - ``scale_dtype``: the per-tensor scale and the block scale before its ue4m3 cast are

@@ -199,7 +199,7 @@ class GarbageUnlessKMod256(EmulatedBackend):
         return quant_linear(x, weight, bias, recipe, gemm=self.gemm)
 
 
-# ---- scales held in too narrow a type: bugs that lose whole tensors (issue 35) -------------
+# ---- scales held in too narrow a type: bugs that lose whole tensors ------------------------
 # Each is invisible on the tiled inputs (tensor amax 336 / 0.875: every per-tensor scale a
 # power of two, no gradient magnitudes) and caught by the magnitude families.
 
@@ -307,7 +307,7 @@ class FP8DoubleRoundBf16(_QuantizeBug):
         return _patched([(_fp8, "encode_bits", encode)])
 
 
-# ---- fit (issue 36): conventions a fit must recover, one or several per backend ---------------
+# ---- conventions a fit must recover, one or several per backend ---------------
 
 
 def _even_at(mbits: int) -> Callable[[torch.Tensor, FloatFormat], torch.Tensor]:
@@ -355,13 +355,13 @@ class _ProfileBug(EmulatedBackend):
 
 
 class NVFP4EpsBlockScale(_ProfileBug):
-    """NVFP4 block scales stored as 0 (zero blocks, underflows) become 0.125 (issue 36)."""
+    """NVFP4 block scales stored as 0 (zero blocks, underflows) become 0.125 (a released NVFP4 library)."""
 
     name, scaling, fields = "bad-nvfp4-eps-scale", "nvfp4", {"underflow_block_scale": 0.125}
 
 
 class NVFP4NonfiniteAmaxScaleOne(_ProfileBug):
-    """A NaN or Inf NVFP4 tensor amax falls back to per-tensor scale 1 (issue 36)."""
+    """A NaN or Inf NVFP4 tensor amax falls back to per-tensor scale 1 (a released NVFP4 library)."""
 
     name, scaling, fields = "bad-nvfp4-nonfinite-scale-1", "nvfp4", {"nonfinite_tensor_scale": 1.0}
 
@@ -376,7 +376,7 @@ class NVFP4Bf16Scales(_ProfileBug):
 
 class ThreeConventions(_ProfileBug):
     """MX with the even rule, every zero code +0 and Inf blocks at byte 254: three
-    conventions at once (a released QAT library's MX, issue 36)."""
+    conventions at once (a released QAT library's MX)."""
 
     name, scaling, fields = "bad-three-conventions", "mx", {"scale_rule": "even", "zero_sign": "never",
                                                             "inf_amax_byte": 254}
@@ -384,7 +384,7 @@ class ThreeConventions(_ProfileBug):
 
 class FastAccumulation(EmulatedBackend):
     """GEMMs accumulated with 13 mantissa bits between float32 promotions every 128 products
-    (Hopper FP8 fast accumulation; torch._scaled_mm on the H200, issue 36)."""
+    (Hopper FP8 fast accumulation; torch._scaled_mm on the H200)."""
 
     name = "bad-fast-accumulation"
 
@@ -392,8 +392,9 @@ class FastAccumulation(EmulatedBackend):
         out = ReducedAccumulation()(a, b, out_dtype=torch.float64)
         return (out if bias is None else out + bias.double()).to(out_dtype)
 
+
 class InfBlockByte127(EmulatedBackend):
-    """A block holding an Inf stores scale byte 127 with every code 0 (issue 36)."""
+    """A block holding an Inf stores scale byte 127 with every code 0 (a released NVFP4 library)."""
 
     name = "bad-inf-block-127"
 
@@ -409,7 +410,7 @@ class InfBlockByte127(EmulatedBackend):
 
 class CudaNanCode(EmulatedBackend):
     """Every FP8 NaN code is 0x7F (e4m3), whatever the NaN's sign: CUDA's conversion on the
-    H200 (issue 36: the same finding named on CPU and not on the device)."""
+    H200 (a torchao Float8 NaN-amax failure reads differently there than on a CPU)."""
 
     name = "bad-cuda-nan-code"
 

@@ -78,7 +78,8 @@ def backend_factory(spec: str) -> tuple[str, Callable[[], Any]]:
 
 
 def run_searches(backends: list[str], recipes: list[str], seconds: float, seed: int, args: argparse.Namespace) -> int:
-    """Search each backend on each recipe; print each finding and its reproducer. 1 if any."""
+    """Search each backend on each recipe; print each finding and its reproducer. 1 if any, or
+    if no property ran at all (the backend unavailable, or supporting none of the recipes)."""
     try:
         from mxcheck.conformance.search import PROPERTIES, require_hypothesis, search  # noqa: PLC0415
         from mxcheck.conformance.search_repro import write_reproducer  # noqa: PLC0415
@@ -88,7 +89,7 @@ def run_searches(backends: list[str], recipes: list[str], seconds: float, seed: 
         raise CommandError(str(e)) from None
     from mxcheck.recipes import get_recipe  # noqa: PLC0415
 
-    found = 0
+    found = judged = 0
     for spec in backends:
         factory_spec, factory = backend_factory(spec)
         for name in recipes:
@@ -98,10 +99,15 @@ def run_searches(backends: list[str], recipes: list[str], seconds: float, seed: 
                 raise CommandError(str(e)) from None
             result = search(factory, recipe, seconds=seconds, seed=seed, properties=args.properties or PROPERTIES)
             out(_summary(result))
+            judged += sum(result.examples.values())
             for f in result.findings:
                 where = write_reproducer(f, factory_spec, recipe.name, args.out / "repro", seed=seed)
                 out(f"\n{f.message}\n\nreproducer: python {where / 'repro.py'} (input {_size(f.size)})\n")
                 found += 1
+    if not judged:  # a backend that never ran must not read as green
+        out("mxcheck search: nothing was searched (no property ran on any backend and recipe; the reasons "
+            "are above)")
+        return 1
     return 1 if found else 0
 
 

@@ -170,7 +170,7 @@ CONVENTIONS: tuple[Convention, ...] = (
                "TE MXFP8, torchao RCEIL"),
     *(Convention(Profile, "scale_mbits", m, f"even scale rule at {m}-bit mantissa width (another element "
                  f"format's: {fmts}) for every element format", (), seen, (("scale_rule", "even"),))
-      for m, fmts, seen in ((1, "e2m1", "issue 36: a released library's MXFP8 (not named there)"),
+      for m, fmts, seen in ((1, "e2m1", "a released library's MXFP8 (measured, not named)"),
                             (2, "e3m2, e5m2", ""), (3, "e2m3, e4m3", ""))),
     Convention(Profile, "amax_floor", 1e-30, "log2 of max(amax, 1e-30): a tiny block gets byte 25", (),
                "AITER quant_mxfp6_torch", (("exponent_source", "log2_fp32"),)),
@@ -235,9 +235,9 @@ CONVENTIONS: tuple[Convention, ...] = (
                "ModelOpt"),
     Convention(NVFP4Profile, "zero_block_scale", 1.0, "an NVFP4 zero block scale becomes 1.0", (15,), "ModelOpt"),
     Convention(NVFP4Profile, "underflow_block_scale", 0.125, "an NVFP4 block scale stored as 0 (a zero block, or "
-               "one that underflows) becomes 0.125, e4m3's epsilon", (), "issue 36: a released NVFP4 library"),
+               "one that underflows) becomes 0.125, e4m3's epsilon", (), "a released NVFP4 library (measured, not named)"),
     Convention(NVFP4Profile, "nonfinite_tensor_scale", 1.0, "a NaN or Inf NVFP4 tensor amax falls back to "
-               "per-tensor scale 1", (), "issue 36: a released NVFP4 library"),
+               "per-tensor scale 1", (), "a released NVFP4 library (measured, not named)"),
     *(Convention(NVFP4Profile, "scale_dtype", dt, f"NVFP4 scale arithmetic in {dt} (per-tensor and block scales "
                  f"rounded to {dt} before the ue4m3 cast)", ()) for dt in ("bfloat16", "float16")),
     # FP8 tensorwise scale arithmetic
@@ -470,7 +470,7 @@ FAILURES: tuple[Behaviour, ...] = (
     Behaviour("nibble_order", "fp4 element pairs swapped (element 0 in the high nibble)", "quantize", _nibble_swap,
               (19,), "torchao before 2025-10 (pytorch/ao#2939)"),
     Behaviour("canonical_nan_code", "every NaN code is the positive NaN (CUDA writes 0x7F for an e4m3 NaN)",
-              "quantize", _canonical_nan_code, (9,), "CUDA __nv_cvt_float_to_fp8 on the H200 (issue 36)"),
+              "quantize", _canonical_nan_code, (9,), "CUDA __nv_cvt_float_to_fp8 on the H200"),
     Behaviour("nan_code_sign", "NaN codes with the other sign bit", "quantize", _nan_code_sign, (9, 11)),
     Behaviour("nan_scale_sign", "an NVFP4 NaN block scale stored as 0xff (a signed e4m3 NaN, sign bit set), "
               "not ue4m3's 0x7f", "quantize", _nan_scale_sign),
@@ -482,9 +482,9 @@ FAILURES: tuple[Behaviour, ...] = (
               (6,), "AITER quant_mxfp6_torch (NaN)"),
     Behaviour("special_zeroes_block_signed", "a NaN or Inf zeroes its whole block, each zero with its "
               "element's sign (x < 0 gives -0)", "quantize", _signed_zero_block, (6,),
-              "issue 36: a released QAT library"),
+              "a released QAT library (measured, not named)"),
     Behaviour("inf_block_byte_127", "a block holding an Inf stores scale byte 127 with every code 0", "quantize",
-              _inf_block_byte_127, (), "issue 36: a released NVFP4 library"),
+              _inf_block_byte_127, (), "a released NVFP4 library (measured, not named)"),
     Behaviour("nan_whole_tensor", "a NaN spreads over the whole tensor (every scale NaN)", "quantize",
               _nan_whole_tensor),
 )

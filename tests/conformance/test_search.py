@@ -152,6 +152,18 @@ def test_the_cli_writes_the_reproducer_and_exits_1(tmp_path, capsys):
     assert_pasted_output_is_current("search-bad-trunc", out)  # the run docs/backends.md shows
 
 
+def test_the_cli_exits_1_when_nothing_was_searched(tmp_path, capsys, monkeypatch):
+    (tmp_path / "absent_kernel.py").write_text(
+        "from mxcheck.backends.emulated import EmulatedBackend\n\n\n"
+        "class Absent(EmulatedBackend):\n    name = 'absent'\n\n"
+        "    def available(self):\n        return False, 'no device here'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, out, _ = run_cli(capsys, "search", "--backend", "absent_kernel:Absent", "--recipe", "fp8", "--seconds", "1",
+                           "--out", tmp_path)
+    assert code == 1, out
+    assert "quantize: not run (no device here)" in out and "nothing was searched" in out, out
+
+
 def test_the_cli_on_the_oracle_exits_0(tmp_path, capsys):
     code, out, _ = run_cli(capsys, "search", "--backend", "emulated", "--recipe", "fp8", "--seconds", "1",
                            "--out", tmp_path)
