@@ -74,7 +74,6 @@ WITNESS_DTYPES = {"e2m1": "float4_e2m1fn", "e2m3": "float6_e2m3fn", "e3m2": "flo
                   "e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2", "e4m3fnuz": "float8_e4m3fnuz",
                   "e5m2fnuz": "float8_e5m2fnuz", "ue4m3": "float8_e4m3fn", "e8m0": "float8_e8m0fnu"}
 NVFP4_BLOCK = 16
-NVFP4_DECODE = np.float32(1.0 / (6.0 * 448.0))  # TE's fl32(1 / (e2m1 max * e4m3 max))
 
 
 def witness_codes(codes: torch.Tensor, fmt: str) -> np.ndarray:
@@ -97,10 +96,10 @@ def witness_dequantize(q) -> np.ndarray:
         return q.value.double().numpy()
     if isinstance(q, MXTensor):  # element * 2**(e8m0 - 127), exact in float64
         return witness_codes(q.codes, q.fmt.name) * blockwise(witness_codes(q.scales, "e8m0"), q.codes.shape)
-    if isinstance(q, NVFP4Tensor):  # e2m1 * fl32(fl32(ue4m3 * amax) * fl32(1/2688)): dequantize_nvfp4.cuh
-        s = witness_codes(q.block_scales, "ue4m3").astype(np.float32)
-        final = (s * q.amax.numpy().astype(np.float32)) * NVFP4_DECODE
-        return (witness_codes(q.codes, "e2m1").astype(np.float32) * blockwise(final, q.codes.shape)).astype(np.float64)
+    if isinstance(q, NVFP4Tensor):  # fl32(e2m1 * ue4m3 * amax / 2688): the product is exact in float64
+        s = witness_codes(q.block_scales, "ue4m3")
+        exact = witness_codes(q.codes, "e2m1") * blockwise(s * float(q.amax), q.codes.shape) / 2688.0
+        return exact.astype(np.float32).astype(np.float64)
     if isinstance(q, FP8Tensor):  # fl32(fp8 * scale_inv): TE's dequantize
         inv = np.broadcast_to(q.scale_inv.numpy().astype(np.float32), (1, 1) if q.scale_inv.ndim == 0 else q.scale_inv.shape)
         return (witness_codes(q.codes, q.fmt.name).astype(np.float32) * blockwise(inv, q.codes.shape)).astype(np.float64)
