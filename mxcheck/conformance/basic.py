@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
@@ -38,7 +37,7 @@ from mxcheck.conformance.inputs import (
 )
 from mxcheck.conformance.sr_linear import check_sr_linear, sr_statistics_reason
 from mxcheck.conformance.values import check_fake_quantize
-from mxcheck.conformance.verdict import LOST_DB, LOST_MARGIN_DB, TensorVerdict, tensor_verdict
+from mxcheck.conformance.verdict import lost_lines, tensor_verdict
 from mxcheck.diagnose import quantize as diagnose_quantize
 from mxcheck.diagnose.behaviour import render_attributions
 from mxcheck.diagnose.catalogue import QUANTIZE_BEHAVIOURS
@@ -117,26 +116,6 @@ def _field_outcome(field: str, got: Any, want: torch.Tensor, context: dict[str, 
     if (problem := diagnose_quantize.field_problem(field, got, want)):
         return Outcome(None, False, say(problem, context), {"bit_equal": False, "passed": False})
     return check_bitwise(got, want, None, context)
-
-
-def _headline_order(v: TensorVerdict) -> tuple:
-    """Which losing input heads the failure: a tensor lost outright first, then one whose
-    oracle SNR is finite (an ordinary tensor, not one the oracle keeps exactly), then a
-    float32 tensor, then the amax nearest 1 (a typical magnitude over a range end)."""
-    amax = abs(math.log10(v.amax)) if v.amax > 0 else math.inf
-    return (v.kernel_db > LOST_DB, not math.isfinite(v.oracle_db), v.dtype != torch.float32, amax)
-
-
-def _lost_lines(verdicts: list[tuple[TensorVerdict, str]], ran: int) -> list[str]:
-    """The losing input that heads the failure (``_headline_order``), then how many inputs
-    lose signal and which."""
-    lost = [(v, label) for v, label in verdicts if not v.passed]
-    if not lost:
-        return []
-    worst = min((v for v, _ in lost), key=_headline_order)
-    where = "; ".join(f"{v.operand} ({label})" for v, label in lost[:6]) + ("; ..." if len(lost) > 6 else "")
-    return [worst.line(), f"{len(lost)} of {ran} quantize inputs lose signal (the kernel's SNR more than "
-            f"{LOST_MARGIN_DB:g} dB under the oracle's against float64 truth): {where}"]
 
 
 def _quantize_one(backend: Any, recipe: Recipe, name: str, t: torch.Tensor, label: str, numerics: Any,
@@ -232,7 +211,7 @@ def check_quantize(backend: Any, recipe: Recipe, gen: torch.Generator, numerics:
     for _, name, label, t in quantize_inputs(recipe, gen, accepted, device):
         _quantize_one(backend, recipe, name, t, label, numerics, differing, verdicts)
         ran += 1
-    lost = _lost_lines(verdicts, ran)
+    lost = lost_lines(verdicts, ran)
     if differing or lost:
         if differing and (where := dump_dir()) is not None:  # every differing block, beyond the summary
             write_dump(where, differing, f"quantize-{recipe.name}-{getattr(backend, 'name', 'backend')}")

@@ -26,7 +26,14 @@ from mxcheck.conformance._common import (
 )
 from mxcheck.conformance.inputs import training_like_cropped
 from mxcheck.conformance.sr_linear import check_sr_linear, sr_statistics_reason
-from mxcheck.conformance.values import ValuesDiff, oracle_values, same_nans, values_problem
+from mxcheck.conformance.values import (
+    ValuesDiff,
+    attribute_values,
+    oracle_values,
+    quantized_on_cpu,
+    values_problem,
+    values_report,
+)
 from mxcheck.diagnose import quantize as diagnose_quantize
 from mxcheck.diagnose.catalogue import QUANTIZE_BEHAVIOURS
 from mxcheck.diagnose.shapes import shape_patterns
@@ -121,11 +128,11 @@ def _edge_quantize(backend: Any, recipe: Recipe, gen: torch.Generator, m: int, n
             elif problem := values_problem(theirs, t):
                 raise NumericsError(f"fake_quantize of {name}, {where}: {problem}")
             else:
-                want = oracle_values(ours, theirs.dtype).to(theirs.device)
-                d = ValuesDiff(name, label, spec, t.cpu(), ours, want.cpu(), same_nans(theirs, want).cpu())
-                if bool(d.differ.any()):
-                    raise NumericsError(f"fake_quantize of {name}, {where}: {int(d.differ.sum()):,} of "
-                                        f"{d.differ.numel():,} values differ from the oracle's")
+                d = ValuesDiff(name, label, spec, t.cpu(), quantized_on_cpu(ours), oracle_values(ours, theirs.dtype).cpu(),
+                               theirs.detach().cpu())
+                if bool(d.differ.any()):  # attributed as the quantize check's values are
+                    attribute_values(d, QUANTIZE_BEHAVIOURS)
+                    raise NumericsError(values_report([d], 1, f"fake_quantize of {where}"))
             outcomes.append("correct")
     refused = [o for o in outcomes if o.startswith("refused")]
     return refused[0] if refused else "correct" if "correct" in outcomes else outcomes[0]

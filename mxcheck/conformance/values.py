@@ -5,15 +5,22 @@ A backend may offer ``fake_quantize(x, spec, *, state=None) -> Tensor`` instead 
 axis, shaped like ``x``, in ``x``'s dtype or float32 (what QAT toolkits and the fake-quant
 kernels of a training step return). The contract (docs/backends.md, "Fake-quant backends"):
 
-- The oracle's values are ``quantize_operand(x, spec).dequantize()``: exact in float32 (every
-  element times its scale is a float32, or overflows either way), in the rotated basis
-  where the spec rotates. They are cast to the dtype the kernel returned with torch's
-  ``Tensor.to``, which rounds to nearest, ties to even (a float32 result needs no cast).
-- Compared bit for bit through integer views (signs and -0 count), except that any NaN
-  equals any NaN: a NaN's sign and payload are not part of the contract.
-- A difference is attributed on values: each behaviour of the catalogue quantizes the same
-  input, its result is dequantized and cast the same way, and it is named for the blocks
-  whose every value it reproduces (``attribute_values``).
+- The oracle's values are ``quantize_operand(x, spec).dequantize()``, in the rotated basis
+  where the spec rotates: MX and FP8 values are one product (exact for MX), NVFP4's the
+  exact product ``e2m1 * s * amax / 2688`` rounded once. They are cast to the dtype the
+  kernel returned with torch's ``Tensor.to`` (round to nearest, ties to even).
+- One judge, ``values_agree``: a kernel's value agrees with a quantized tensor where its
+  bits are the oracle's value's (any NaN equal to any NaN: a NaN's sign and payload are not
+  part of the contract) or, for NVFP4, where it is finite, has the oracle value's sign and
+  lies within the spread of the float32 orders released libraries dequantize in
+  (``DEQUANT_ORDERS``, each cast the same way). A kernel whose codes and scales are the
+  oracle's passes whatever legitimate order it uses; one code or one block scale off moves
+  a value by at least 1/16 of itself, far outside that spread, and fails.
+- A difference is attributed on values with the same judge: each behaviour of the catalogue
+  quantizes the same input and is named for the blocks whose every value agrees with its
+  result (``attribute_values``): every fit is kept, and only an exact one heads the text.
+- Each input where a value differs gets the tensor-level verdict on values
+  (``conformance.verdict.values_verdict``): a kernel that loses the tensor says so first.
 
 A fake-quant backend without ``gemm`` or ``linear`` gets its linears through the reference
 Function with its ``fake_quantize`` in place of the oracle's quantizer
@@ -22,7 +29,7 @@ Function with its ``fake_quantize`` in place of the oracle's quantizer
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -30,20 +37,56 @@ import torch
 
 from mxcheck.assertions import NumericsError, check_bitwise
 from mxcheck.conformance._common import fresh_state, values_problem
+from mxcheck.conformance.verdict import TensorVerdict, lost_lines, values_verdict
+from mxcheck.diagnose import quantize as diagnose_quantize
 from mxcheck.diagnose.behaviour import Attribution, Behaviour, render_attributions
-from mxcheck.diagnose.catalogue import QUANTIZE_BEHAVIOURS
+from mxcheck.diagnose.catalogue import QUANTIZE_BEHAVIOURS, element_format
+from mxcheck.formats import decode_table
 from mxcheck.gemm import quantize_operand
 from mxcheck.outcome import Outcome, say
 from mxcheck.recipes import OperandSpec, Recipe
+from mxcheck.scaling.nvfp4 import NVFP4Tensor
 
-__all__ = ["VALUES_ROUNDING", "ValuesDiff", "attribute_values", "check_fake_quantize", "oracle_values", "same_nans",
-           "value_blocks", "values_problem"]
+__all__ = ["DEQUANT_ORDERS", "VALUES_ROUNDING", "ValuesDiff", "attribute_values", "check_fake_quantize",
+           "dequant_spread", "infer_codes", "oracle_values", "quantized_on_cpu", "same_nans", "value_blocks", "values_agree",
+           "values_problem", "values_report"]
 
 # How the oracle's float32 values reach a narrower dtype the kernel returns: stated in every
 # failure and in the contract.
 VALUES_ROUNDING = "the oracle's float32 dequantized values cast to the kernel's dtype with round-to-nearest-even"
+ORDERS_ACCEPTED = "an NVFP4 value anywhere within the spread of the released float32 dequantization orders"
 EXAMPLES = 4  # differing elements shown per comparison
 ATTRIBUTED = 4  # differing comparisons attribution runs on (and the first of each input family)
+
+_DECODE = 2688.0  # e4m3 max * e2m1 max: NVFP4's tensor scale is amax / 2688
+
+
+def _f32(v: float, like: torch.Tensor) -> torch.Tensor:
+    return torch.tensor(v, dtype=torch.float32, device=like.device)
+
+
+# The float32 orders in which released NVFP4 libraries and vendor references dequantize
+# (e: the e2m1 value, s: the ue4m3 block scale, a: the tensor amax, all float32). Each rounds
+# two or three times, so two orders differ in the last bit on some elements; a kernel whose
+# codes and scales are the oracle's may return any of them (tools/measure_dequant_orders.py
+# measures their spread on the check's inputs; docs/backends.md gives the numbers).
+DEQUANT_ORDERS: dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    # the oracle (NVFP4Tensor.dequantize): the true value rounded once
+    "exact product rounded once": lambda e, s, a: (e.double() * s.double() * a.double() / _DECODE).float(),
+    # transformer_engine/common/cast/nvfp4/dequantize_nvfp4.cuh @05f018392e819ec3cc7a6a966645fc4a616abb3a
+    "TE dequantize_nvfp4.cuh: e * ((s * a) * fl32(1/2688))": lambda e, s, a: e * ((s * a) * _f32(1 / _DECODE, a)),
+    # torchao 0.18.0 prototype/mx_formats/nvfp4_tensor.py get_hp_scales + dequantize (per_tensor_scale
+    # = amax / 2688); ModelOpt modelopt/torch/quantization/qtensor/nvfp4_tensor.py @0d7d92d69c3bca933a350731f4ec543a78a10e3a
+    # dequantize (per_block_scale = scale * double_scale)
+    "torchao, ModelOpt: e * (s * (a / 2688))": lambda e, s, a: e * (s * (a / _DECODE)),
+    # compressed-tensors src/compressed_tensors/quantization/lifecycle/forward.py
+    # @d55633e48d3cee519c1d28bbcbc0d5f4755599c1 _dequantize (scale / global_scale, global_scale = 2688 / amax)
+    "compressed-tensors: e * (s / (2688 / a))": lambda e, s, a: e * (s / (_DECODE / a)),
+    # TE's quantization keeps S_dec = 1 / S_enc (core_nvfp4.cuh); a kernel that dequantizes with it
+    "through the reciprocal: e * (s * (1 / (2688 / a)))": lambda e, s, a: e * (s * (1.0 / (_DECODE / a))),
+    # a GEMM's order (TE's NVFP4 GEMM alpha, mxcheck.gemm's outer-scaled path): e * s exact, then the tensor scale
+    "GEMM epilogue: (e * s) * (a / 2688)": lambda e, s, a: (e * s) * (a / _DECODE),
+}
 
 
 def oracle_values(q: Any, dtype: torch.dtype) -> torch.Tensor:
@@ -52,11 +95,62 @@ def oracle_values(q: Any, dtype: torch.dtype) -> torch.Tensor:
     return q.dequantize().to(dtype)
 
 
+def dequant_spread(q: Any, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(lowest, highest) value per element over the legitimate dequantization orders of q,
+    each cast to ``dtype`` as the oracle's is; an order's non-finite result where the oracle's
+    is finite (TE's order overflows above amax of about 7.6e35) is not legitimate and is
+    left out (then lowest > highest where none is left). MX and FP8 values are one product
+    (exact for MX): their spread is the oracle's value alone."""
+    want = oracle_values(q, dtype)
+    if not isinstance(q, NVFP4Tensor):
+        return want, want
+    e, s, a = q.decoded_factors()
+    lo = torch.full_like(want, float("inf"))
+    hi = torch.full_like(want, float("-inf"))
+    with torch.no_grad():
+        for order in DEQUANT_ORDERS.values():
+            v = order(e, s, a).to(dtype)
+            ok = torch.isfinite(v)
+            lo = torch.where(ok, torch.minimum(lo, v), lo)
+            hi = torch.where(ok, torch.maximum(hi, v), hi)
+    return lo, hi
+
+
 def same_nans(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
     """``got`` with each NaN where ``want`` is NaN too replaced by ``want``'s bits: any NaN
     equals any NaN, so a NaN's sign and payload never count as a difference."""
     both = torch.isnan(got) & torch.isnan(want.to(got.device))
     return torch.where(both, want.to(got.device), got) if bool(both.any()) else got
+
+
+def values_agree(got: torch.Tensor, q: Any) -> torch.Tensor:
+    """The judge of a kernel's values: per element of ``got`` (shaped like q's values, any
+    float dtype), whether it agrees with the quantized tensor ``q``: its bits are q's oracle
+    value's in got's dtype, or both are NaN, or (NVFP4) it is finite, has that value's sign,
+    and lies within ``dequant_spread``. Used by the check, the attribution, the fit and the
+    search alike."""
+    want = oracle_values(q, got.dtype).to(got.device)
+    same = (_bits(got) == _bits(want)) | (torch.isnan(got) & torch.isnan(want)).cpu()
+    if not isinstance(q, NVFP4Tensor) or bool(same.all()):
+        return same
+    lo, hi = (t.to(got.device) for t in dequant_spread(q, got.dtype))
+    inside = torch.isfinite(got) & (got >= lo) & (got <= hi) & (torch.signbit(got) == torch.signbit(want))
+    return same | inside.cpu()
+
+
+def infer_codes(got: torch.Tensor, q: Any) -> torch.Tensor:
+    """The element codes a kernel's values ``got`` say it wrote, read under q's scales: per
+    element the lowest code whose value agrees with got (``values_agree``), or 0xFF where
+    none does (a value no code under these scales gives: another scale, or no code at all).
+    uint8, shaped like got, on the CPU. Cost: one dequantization per code of q's element
+    format (16 for fp4, 256 for fp8)."""
+    fmt = element_format(q)
+    out = torch.full(tuple(got.shape), 0xFF, dtype=torch.uint8)
+    for code in range(len(decode_table(fmt))):
+        each = replace(q, codes=torch.full_like(q.codes, code))
+        hit = values_agree(got, each) & (out == 0xFF)
+        out[hit] = code
+    return out
 
 
 def value_blocks(x: torch.Tensor, spec: OperandSpec) -> torch.Tensor:
@@ -78,7 +172,9 @@ def value_blocks(x: torch.Tensor, spec: OperandSpec) -> torch.Tensor:
 
 @dataclass
 class ValuesDiff:
-    """One comparison of values (an operand copy on one input dtype and family)."""
+    """One comparison of values (an operand copy on one input dtype and family). ``got`` is
+    the kernel's values as it returned them; ``differ`` is where they disagree with the
+    oracle (``values_agree``)."""
 
     operand: str
     label: str
@@ -91,13 +187,19 @@ class ValuesDiff:
     blocks: torch.Tensor = field(init=False)  # block index per element
     attributions: list[Attribution] = field(default_factory=list)
     unexplained: int = 0
+    verdict: TensorVerdict | None = None
 
     def __post_init__(self) -> None:
-        self.differ = _bits(self.got) != _bits(self.want)
+        self.differ = ~values_agree(self.got, self.oracle)
         self.blocks = value_blocks(self.x, self.spec)
 
     def differing_blocks(self) -> torch.Tensor:
         return torch.unique(self.blocks[self.differ])
+
+    @property
+    def n_examined(self) -> int:
+        """Differing blocks attribution ran on (``diagnose.quantize.summary`` reads it)."""
+        return len(self.differing_blocks())
 
     @property
     def unit(self) -> str:
@@ -150,18 +252,17 @@ class _Rows:
         return cls(x, oracle, got, blocks, _per_block(differ, blocks))
 
     def fit(self, b: Behaviour, spec: OperandSpec) -> tuple[torch.Tensor, int] | None:
-        """(blocks of these rows whose every value b reproduces among the differing ones,
-        right blocks b would change), or None where b does not apply."""
+        """(blocks of these rows whose every value agrees with b's result among the differing
+        ones, right blocks b would change), or None where b does not apply."""
         try:
             q = b.run(self.x, spec, self.oracle)
             if q is None:
                 return None
-            theirs = same_nans(oracle_values(q, self.got.dtype), self.got)
-        except (ValueError, TypeError, RuntimeError):  # a layout or input the behaviour cannot take
+            if tuple(oracle_values(q, self.got.dtype).shape) != tuple(self.got.shape):
+                return None
+            wrong = _per_block(~values_agree(self.got, q), self.blocks)
+        except (ValueError, TypeError, RuntimeError, IndexError):  # a layout or input the behaviour cannot take
             return None
-        if tuple(theirs.shape) != tuple(self.got.shape):
-            return None
-        wrong = _per_block(_bits(theirs) != _bits(self.got), self.blocks)
         return self.bad & ~wrong, int((~self.bad & wrong).sum())
 
 
@@ -177,18 +278,18 @@ def _screen(d: ValuesDiff) -> _Rows | None:
 
 
 def attribute_values(d: ValuesDiff, behaviours: tuple[Behaviour, ...], first: tuple[Behaviour, ...] = ()) -> None:
-    """Name each quantize behaviour for the differing blocks whose every value it reproduces
-    (the behaviour quantizes the same input, then its result is dequantized and cast as the
-    oracle's is); skip one that changes at least as many blocks the kernel gets right. Each
-    is screened on a few rows holding differences first (``first``: behaviours that explained
-    another comparison, tried before the rest, unscreened)."""
+    """Every quantize behaviour that reproduces some differing blocks (every value of the
+    block agrees with its result under ``values_agree``) and changes fewer right blocks than
+    it reproduces, as an Attribution: the best fits, not the first cover (a weaker fit such
+    as another scale rule that also changes right blocks is kept, and ``render_attributions``
+    lets only an exact one head). Each is screened on a few rows holding differences first
+    (``first``: behaviours that explained another comparison, unscreened). ``unexplained``:
+    differing blocks no fit reproduces."""
     full = _Rows.of(d.x, d.oracle, d.got, d.differ, d.spec)
     screen = _screen(d)
     explained = torch.zeros_like(full.bad)
     order = [*first, *(b for b in behaviours if b not in first)]
     for b in (b for b in order if b.level == "quantize"):
-        if not bool((full.bad & ~explained).any()):
-            break
         if screen is not None and b not in first:
             fits = screen.fit(b, d.spec)
             if fits is None or not bool(fits[0].any()):
@@ -197,7 +298,7 @@ def attribute_values(d: ValuesDiff, behaviours: tuple[Behaviour, ...], first: tu
         if fits is None:
             continue
         reproduced, changed = fits
-        if not bool((reproduced & ~explained).any()) or changed >= int(reproduced.sum()):
+        if not bool(reproduced.any()) or changed >= int(reproduced.sum()):
             continue
         explained |= reproduced
         d.attributions.append(Attribution(b, int(reproduced.sum()), int(full.bad.sum()), d.unit, changed))
@@ -225,45 +326,41 @@ def _diagnose(d: ValuesDiff, attributed: bool) -> list[str]:
     return lines
 
 
-def _report(diffs: list[ValuesDiff], compared: int, head: str) -> str:
+def values_report(diffs: list[ValuesDiff], compared: int, head: str) -> str:
+    """The failure message of a values check: the summary (``diagnose.quantize.summary``, the
+    rule the codes path uses: only an exact fit is named a cause, its counts the sum of the
+    per-comparison lines), then each comparison's counts, attribution and first values."""
     first = diffs[0]
     out = [f"{head}: {len(diffs)} of {compared} comparisons of values differ from the oracle, the first in "
-           f"{first.operand} ({first.label}); compared bit for bit with {VALUES_ROUNDING}, any NaN equal to any NaN"]
-    named: dict[str, list[int]] = {}
-    for d in diffs:
-        for a in d.attributions:
-            named.setdefault(a.behaviour.describe(), [0, 0])
-            named[a.behaviour.describe()][0] += a.reproduced
-            named[a.behaviour.describe()][1] += a.differing
+           f"{first.operand} ({first.label}); compared bit for bit with {VALUES_ROUNDING}, any NaN equal to any NaN"
+           + (f", {ORDERS_ACCEPTED}" if first.spec.scaling == "nvfp4" else "")]
     examined = [d for d in diffs if d.attributions or d.unexplained]
-    unexplained = sum(d.unexplained for d in examined)
-    total = sum(len(d.differing_blocks()) for d in examined)
     if examined:
-        out.append("cause:")
-        out += [f"  {rep:,} of the {total:,} differing {first.unit} examined are reproduced by: {what}"
-                for what, (rep, _) in sorted(named.items(), key=lambda kv: -kv[1][0])[:3]]
-        if unexplained:
-            out.append(f"  {unexplained:,} of the {total:,} differing {first.unit} examined are reproduced by no known "
-                       "behaviour")
+        out += ["cause:", *("  " + line for line in diagnose_quantize.summary(examined))]
     for d in diffs:
         out += _diagnose(d, bool(d.attributions or d.unexplained))
     return "\n".join(out)
 
 
-def _outcome(got: torch.Tensor, want: torch.Tensor, x: torch.Tensor, context: dict[str, Any]) -> Outcome:
+def _outcome(got: torch.Tensor, d: ValuesDiff | None, want: torch.Tensor, x: torch.Tensor,
+             context: dict[str, Any]) -> Outcome:
     if problem := values_problem(got, x):
         return Outcome(None, False, say(problem, context), {"bit_equal": False, "passed": False})
-    return check_bitwise(same_nans(got, want), want, None, context)
+    # every value the judge accepts counts as the oracle's (an NVFP4 value in another legitimate order)
+    judged = got if d is None else torch.where(d.differ.to(got.device), got, want.to(got.device))
+    return check_bitwise(same_nans(judged, want), want, None, context)
 
 
 def check_fake_quantize(backend: Any, recipe: Recipe, numerics: Any = None, *,
                         inputs: Iterable[tuple[str, str, str, torch.Tensor]]) -> str | None:
-    """The backend's ``fake_quantize`` of x_row and w_row equals the oracle's dequantized
-    values bit for bit, on the inputs ``check_quantize`` feeds ``quantize`` (``inputs``:
+    """The backend's ``fake_quantize`` of x_row and w_row agrees with the oracle's values
+    (``values_agree``), on the inputs ``check_quantize`` feeds ``quantize`` (``inputs``:
     (family, operand, label, tensor), ``conformance.basic.quantize_inputs``); a failure counts
     each differing comparison, shows the first differing values and names the known
-    behaviours that reproduce them."""
-    ran, differing = 0, []
+    behaviours that reproduce them. Each input where a value differs also gets the
+    tensor-level verdict on values (an SNR record); a kernel that loses the tensor heads the
+    failure with that line, as on the codes path."""
+    ran, differing, verdicts = 0, [], []
     for what, name, text, t in inputs:
         spec = recipe.spec(name)
         ours = quantize_operand(t, spec, **fresh_state(recipe, name))
@@ -271,13 +368,18 @@ def check_fake_quantize(backend: Any, recipe: Recipe, numerics: Any = None, *,
         ran += 1
         want = oracle_values(ours, got.dtype if isinstance(got, torch.Tensor) else torch.float32)
         context = {"recipe": recipe.name, "layer": f"{name}.values ({text})", "direction": "quantize"}
-        out = _outcome(got, want.to(got.device) if isinstance(got, torch.Tensor) else want, t, context)
+        if values_problem(got, t):
+            out = _outcome(got, None, want, t, context)
+            if numerics is not None:
+                numerics.context(**context).record("bitwise", out, None)
+            raise NumericsError(out.message)
+        d = ValuesDiff(name, text, spec, t.detach().cpu(), quantized_on_cpu(ours), want.cpu(), got.detach().cpu())
+        out = _outcome(got, d, want, t, context)
         lines: list[str] = []
         if not out.passed:
-            if values_problem(got, t):
-                raise NumericsError(out.message)
-            d = ValuesDiff(name, text, spec, t.detach().cpu(), _cpu(ours), want.cpu(),
-                           same_nans(got.detach().cpu(), want.cpu()))
+            d.verdict = values_verdict(d.x, spec, d.oracle, d.got, operand=name)
+            if d.verdict is not None:
+                verdicts.append((d.verdict, text))
             # the first comparisons, and the first of each input family (another family
             # often shows another cause: zero signs, NaN policy)
             if len(differing) < ATTRIBUTED or all(not e.label.startswith(what + " ") for e in differing):
@@ -288,15 +390,19 @@ def check_fake_quantize(backend: Any, recipe: Recipe, numerics: Any = None, *,
         if numerics is not None:
             message = out.message if out.passed else "\n".join([out.message, *lines])
             numerics.context(**context).record("bitwise", replace(out, message=message), got)
+            if d.verdict is not None:
+                numerics.context(**{**context, "layer": f"{name} tensor values ({text})"}).record(
+                    "snr", Outcome(None, d.verdict.passed, d.verdict.line(), d.verdict.record_fields()))
     if differing:
-        raise NumericsError(_report(differing, ran, f"fake_quantize of recipe {recipe.name}, backend "
-                                                   f"{getattr(backend, 'name', backend)}"))
+        head = f"fake_quantize of recipe {recipe.name}, backend {getattr(backend, 'name', backend)}"
+        raise NumericsError("\n".join([*lost_lines(verdicts, ran), values_report(differing, ran, head)]))
     if not ran:
         return f"backend input_dtypes={getattr(backend, 'input_dtypes', None)} holds none of the input families' dtypes"
     return None
 
 
-def _cpu(q: Any) -> Any:
+def quantized_on_cpu(q: Any) -> Any:
+    """A quantized tensor with every tensor field on the CPU (anything else unchanged)."""
     if not hasattr(q, "__dataclass_fields__"):
         return q
     moved = {f: getattr(q, f).cpu() for f in q.__dataclass_fields__ if isinstance(getattr(q, f), torch.Tensor)}

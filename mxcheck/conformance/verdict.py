@@ -32,7 +32,7 @@ from mxcheck.hadamard import apply_hadamard, get_hadamard
 from mxcheck.recipes import OperandSpec
 from mxcheck.scaling.nvfp4 import NVFP4Tensor
 
-__all__ = ["LOST_DB", "LOST_MARGIN_DB", "TensorVerdict", "tensor_verdict"]
+__all__ = ["LOST_DB", "LOST_MARGIN_DB", "TensorVerdict", "lost_lines", "tensor_verdict", "values_verdict"]
 
 # How far under the oracle's SNR a kernel may fall on one input before it fails as losing
 # signal. A convention difference (scale rule, tie rounding, operation order, a clamp)
@@ -142,16 +142,32 @@ def _truth(x: torch.Tensor, spec: OperandSpec) -> torch.Tensor:
 
 def tensor_verdict(x: torch.Tensor, spec: OperandSpec, oracle: Any, kernel: Any, *,
                    operand: str) -> TensorVerdict | None:
-    """Kernel and oracle SNR against float64 truth on the elements both can be judged on;
-    None where the kernel's tensor cannot be read as the oracle's type, or either does not
-    dequantize to x's shape."""
+    """Kernel and oracle SNR against float64 truth on the elements both can be judged on, the
+    kernel's tensor (codes and scales) dequantized as the oracle's is; None where it cannot be
+    read as the oracle's type, or either does not dequantize to x's shape."""
     theirs = _as_oracle_type(oracle, kernel)
     if theirs is None or not hasattr(oracle, "dequantize"):
         return None
     theirs, unreadable = _readable(theirs)
-    ours_v, theirs_v = oracle.dequantize().double().cpu(), theirs.dequantize().double().cpu()
+    theirs_v = theirs.dequantize().double().cpu()
     if unreadable is not None and unreadable.shape == theirs_v.shape:
         theirs_v = theirs_v.masked_fill(unreadable.cpu(), math.nan)
+    return _verdict(x, spec, oracle.dequantize().double().cpu(), theirs_v, operand)
+
+
+def values_verdict(x: torch.Tensor, spec: OperandSpec, oracle: Any, values: torch.Tensor, *,
+                   operand: str) -> TensorVerdict | None:
+    """The verdict of a kernel's values (``fake_quantize``): its values against truth beside
+    the oracle's values in the same dtype (a bf16 kernel is held to the oracle rounded to
+    bf16); None where the shapes differ."""
+    if not isinstance(values, torch.Tensor) or not values.dtype.is_floating_point:
+        return None
+    ours_v = oracle.dequantize().to(values.dtype).double().cpu()
+    return _verdict(x, spec, ours_v, values.detach().double().cpu(), operand)
+
+
+def _verdict(x: torch.Tensor, spec: OperandSpec, ours_v: torch.Tensor, theirs_v: torch.Tensor,
+             operand: str) -> TensorVerdict | None:
     truth = _truth(x, spec).cpu()
     if ours_v.shape != truth.shape or theirs_v.shape != truth.shape:
         return None
@@ -161,3 +177,23 @@ def tensor_verdict(x: torch.Tensor, spec: OperandSpec, oracle: Any, kernel: Any,
     return TensorVerdict(operand=operand, dtype=x.dtype, amax=float(finite_x.max()) if finite_x.numel() else 0.0,
                          kernel_db=_snr_db(k, t), oracle_db=_snr_db(o, t), compared=int(keep.sum()),
                          zeros=int((k == 0).sum()), nonfinite=int((~torch.isfinite(k)).sum()))
+
+
+def _headline_order(v: TensorVerdict) -> tuple:
+    """Which losing input heads the failure: a tensor lost outright first, then one whose
+    oracle SNR is finite (an ordinary tensor, not one the oracle keeps exactly), then a
+    float32 tensor, then the amax nearest 1 (a typical magnitude over a range end)."""
+    amax = abs(math.log10(v.amax)) if v.amax > 0 else math.inf
+    return (v.kernel_db > LOST_DB, not math.isfinite(v.oracle_db), v.dtype != torch.float32, amax)
+
+
+def lost_lines(verdicts: list[tuple[TensorVerdict, str]], ran: int) -> list[str]:
+    """The first lines of a quantize failure (codes or values): the losing input that heads
+    it (``_headline_order``), then how many inputs lose signal and which; [] where none does."""
+    lost = [(v, label) for v, label in verdicts if not v.passed]
+    if not lost:
+        return []
+    worst = min((v for v, _ in lost), key=_headline_order)
+    where = "; ".join(f"{v.operand} ({label})" for v, label in lost[:6]) + ("; ..." if len(lost) > 6 else "")
+    return [worst.line(), f"{len(lost)} of {ran} quantize inputs lose signal (the kernel's SNR more than "
+            f"{LOST_MARGIN_DB:g} dB under the oracle's against float64 truth): {where}"]

@@ -124,6 +124,14 @@ class NVFP4Tensor:
             return (table[codes.to(torch.int32)] * factor).flatten(-2)
         return by_row_chunks(lambda c, f: table[c.to(torch.int32)] * f, codes, factor).flatten(-2)
 
+    def decoded_factors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(e2m1 value, ue4m3 block scale, amax), float32, the first two per element (shaped
+        like ``codes``): the three factors every dequantization order multiplies (a byte
+        outside its format is NaN)."""
+        e = _byte_values(_E2M1.name, self.codes.device, torch.float32)[self.codes.to(torch.int64)]
+        s = self._scale_values().repeat_interleave(NVFP4_BLOCK, dim=-1)[..., : self.codes.shape[-1]]
+        return e, s, self.amax.to(torch.float32)
+
     def dequantize(self) -> torch.Tensor:
         """float32 ``e2m1 * fp32(s) * amax / (6 * 448)``, the exact product rounded once.
 
