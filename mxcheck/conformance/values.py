@@ -41,13 +41,14 @@ from mxcheck.conformance.verdict import TensorVerdict, lost_lines, values_verdic
 from mxcheck.diagnose import quantize as diagnose_quantize
 from mxcheck.diagnose.behaviour import Attribution, Behaviour, render_attributions
 from mxcheck.diagnose.catalogue import QUANTIZE_BEHAVIOURS, element_format
+from mxcheck.diagnose.dump import dump_dir, write_dump
 from mxcheck.formats import decode_table
 from mxcheck.gemm import quantize_operand
 from mxcheck.outcome import Outcome, say
 from mxcheck.recipes import OperandSpec, Recipe
 from mxcheck.scaling.nvfp4 import NVFP4Tensor
 
-__all__ = ["DEQUANT_ORDERS", "VALUES_ROUNDING", "ValuesDiff", "attribute_values", "check_fake_quantize",
+__all__ = ["DEQUANT_ORDERS", "VALUES_ROUNDING", "KernelValues", "ValuesDiff", "attribute_values", "check_fake_quantize",
            "dequant_spread", "infer_codes", "oracle_values", "quantized_on_cpu", "same_nans", "value_blocks", "values_agree",
            "values_problem", "values_report"]
 
@@ -170,6 +171,14 @@ def value_blocks(x: torch.Tensor, spec: OperandSpec) -> torch.Tensor:
     return r.clone()
 
 
+@dataclass(frozen=True)
+class KernelValues:
+    """A values kernel's result as a dump holds it: its values, and the codes they say it wrote."""
+
+    codes: torch.Tensor
+    values: torch.Tensor
+
+
 @dataclass
 class ValuesDiff:
     """One comparison of values (an operand copy on one input dtype and family). ``got`` is
@@ -200,6 +209,32 @@ class ValuesDiff:
     def n_examined(self) -> int:
         """Differing blocks attribution ran on (``diagnose.quantize.summary`` reads it)."""
         return len(self.differing_blocks())
+
+    # What ``diagnose.dump.write_dump`` reads of a comparison, as a QuantizeDiff holds it.
+    @property
+    def differing(self) -> torch.Tensor:
+        """bool per block: some value of it differs."""
+        return _per_block(self.differ, self.blocks)
+
+    @property
+    def n_differing(self) -> int:
+        return int(self.differing.sum())
+
+    @property
+    def n_blocks(self) -> int:
+        return int(self.blocks.max()) + 1
+
+    @property
+    def kinds(self) -> dict[tuple[str, ...], torch.Tensor]:
+        return {("values",): self.differing}
+
+    examined = explained = fit = None  # every differing block is examined; no per-block explanation kept
+
+    @property
+    def kernel(self) -> KernelValues:
+        """The kernel's values, with the codes they say it wrote under the oracle's scales
+        (``infer_codes``; 0xFF where no code gives the value)."""
+        return KernelValues(codes=infer_codes(self.got, self.oracle), values=self.got)
 
     @property
     def unit(self) -> str:
@@ -394,6 +429,8 @@ def check_fake_quantize(backend: Any, recipe: Recipe, numerics: Any = None, *,
                 numerics.context(**{**context, "layer": f"{name} tensor values ({text})"}).record(
                     "snr", Outcome(None, d.verdict.passed, d.verdict.line(), d.verdict.record_fields()))
     if differing:
+        if (where := dump_dir()) is not None:  # every differing block, beyond the summary
+            write_dump(where, differing, f"fake_quantize-{recipe.name}-{getattr(backend, 'name', 'backend')}")
         head = f"fake_quantize of recipe {recipe.name}, backend {getattr(backend, 'name', backend)}"
         raise NumericsError("\n".join([*lost_lines(verdicts, ran), values_report(differing, ran, head)]))
     if not ran:

@@ -300,3 +300,42 @@ def test_values_attribution_heads_with_the_exact_fit_and_the_summary_adds_up(mon
     assert per and summed
     assert int(summed[1].replace(",", "")) == sum(int(n.replace(",", "")) for n, _ in per)
     assert int(summed[2].replace(",", "")) == sum(int(m.replace(",", "")) for _, m in per)
+
+
+def test_dump_writes_every_failing_values_comparison_with_the_codes_the_values_say(tmp_path, monkeypatch):
+    from mxcheck.diagnose import load_dump
+    from mxcheck.diagnose.dump import DUMP_ENV
+
+    monkeypatch.setenv(DUMP_ENV, str(tmp_path))
+    _only(monkeypatch, "magnitude", (torch.float32,))
+    with pytest.raises(NumericsError) as e:
+        basic.check_quantize(OneByteOff("codes"), get_recipe("nvfp4-1x16"), torch.Generator().manual_seed(0))
+    records = load_dump(tmp_path)
+    assert len(records) == int(re.search(r": (\d+) of \d+ comparisons of values differ", str(e.value))[1])
+    for r in records:
+        assert r["check"].startswith("fake_quantize-nvfp4-1x16") and len(r["blocks"]) == 1
+        (row,) = r["rows"].tolist()
+        # the one code stepped up, read back from the values under the oracle's scales
+        changed = (r["kernel"]["codes"][0] != r["oracle"]["codes"][0]).nonzero().flatten().tolist()
+        assert len(changed) == 1
+        col = changed[0]
+        assert int(r["kernel"]["codes"][0, col]) == int(r["oracle"]["codes"][0, col]) + 1, (row, col)
+
+
+class NaNIgnored(OracleValues):
+    """NVFP4 values of x with its NaNs read as 0 (an amax that skips NaN, as fmaxf does):
+    every value of an input holding a NaN differs from the oracle's NaN."""
+
+    name = "nan-ignored"
+
+    def values(self, x, spec):
+        return quantize_operand(torch.nan_to_num(x, nan=0.0, posinf=float("inf"), neginf=float("-inf")),
+                                spec).dequantize()
+
+
+def test_an_nvfp4_values_backend_differing_on_a_nan_input_fails_with_counts_not_a_crash(monkeypatch):
+    # Issue 41: a catalogue behaviour builds an NVFP4 tensor with block scale 0xFF, whose
+    # dequantization raised IndexError inside the attribution.
+    _only(monkeypatch, "one-nan", (torch.float32,))
+    with pytest.raises(NumericsError, match=r"backend nan-ignored: \d+ of \d+ comparisons of values differ"):
+        basic.check_quantize(NaNIgnored(), get_recipe("nvfp4-1x16"), torch.Generator().manual_seed(0))
