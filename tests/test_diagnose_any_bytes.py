@@ -2,7 +2,8 @@
 (0x00 to 0xff, whether or not the format has that code) and any float32 bit pattern in a
 float field (NaN payloads, Inf, subnormals, negative scales) goes through the failure text
 (the bitwise counts and the tensor-level verdict) and the JSON, Markdown and HTML reports,
-counted and shown."""
+counted and shown. The same holds for a values kernel: any float32, bf16 or fp16 bit pattern
+in its values goes through the judge, the attribution, the verdict and the reports."""
 
 from __future__ import annotations
 
@@ -17,7 +18,14 @@ from hypothesis import strategies as st
 from mxcheck.assertions import NumericsError
 from mxcheck.backends.emulated import EmulatedBackend
 from mxcheck.conformance import CHECKS
-from mxcheck.conformance.verdict import tensor_verdict
+from mxcheck.conformance.values import (
+    ValuesDiff,
+    attribute_values,
+    infer_codes,
+    oracle_values,
+    values_report,
+)
+from mxcheck.conformance.verdict import tensor_verdict, values_verdict
 from mxcheck.diagnose import quantize as diagnose_quantize
 from mxcheck.diagnose.catalogue import QUANTIZE_BEHAVIOURS
 from mxcheck.gemm import quantize_operand
@@ -99,3 +107,47 @@ def test_an_nvfp4_kernel_writing_0xff_nan_scales_gets_counts_and_its_cause():
     assert "x_row.block_scales (inf-nan input): 8,192 of 8,192 blocks differ" in message
     assert "are reproduced by: an NVFP4 NaN block scale stored as 0xff" in message
     assert "block_scales: kernel 0xff (not a ue4m3 code: ue4m3 has 128; as e4m3 nan) | oracle 0x7f (nan)" in message
+
+
+# ------------------------------------------------------------------ values (fake_quantize)
+
+VALUE_DTYPES = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
+
+
+@st.composite
+def kernel_values(draw: st.DrawFn) -> tuple[str, object, torch.Tensor]:
+    """(recipe, oracle, values): the oracle's values in float32, bf16 or fp16 with a few
+    elements overwritten by any bit pattern of that dtype (NaN payloads, Inf, subnormals)."""
+    recipe = draw(st.sampled_from(RECIPE_NAMES))
+    oracle = quantize_operand(_X, RECIPES[recipe].x_row)
+    dtype = draw(st.sampled_from(list(VALUE_DTYPES)))
+    values = oracle.dequantize().to(dtype).reshape(-1).clone()
+    where = draw(st.lists(st.integers(0, values.numel() - 1), min_size=1, max_size=6, unique=True))
+    width = torch.finfo(dtype).bits
+    bits = draw(st.lists(st.integers(-(2 ** (width - 1)), 2 ** (width - 1) - 1), min_size=len(where),
+                         max_size=len(where)))
+    values[torch.tensor(where)] = torch.tensor(bits, dtype=VALUE_DTYPES[dtype]).view(dtype)
+    return recipe, oracle, values.reshape(_X.shape)
+
+
+@settings(max_examples=40)
+@given(case=kernel_values())
+def test_any_value_bit_pattern_is_judged_attributed_and_reported(case):
+    recipe, oracle, got = case
+    spec = RECIPES[recipe].x_row
+    d = ValuesDiff("x_row", "any values", spec, _X, oracle, oracle_values(oracle, got.dtype), got)
+    attribute_values(d, QUANTIZE_BEHAVIOURS)
+    text = values_report([d], 1, f"fake_quantize of recipe {recipe}")
+    verdict = values_verdict(_X, spec, oracle, got, operand="x_row")
+    assert verdict is not None
+    text = "\n".join([verdict.line(), text])
+    n = int(d.differ.sum())
+    assert f"x_row (any values): {n:,} of {got.numel():,} values differ" in text
+    assert infer_codes(got, oracle).shape == got.shape
+    record = Record(test_id=f"test_any_values[{recipe}]", backend="any-values", recipe=recipe,
+                    layer="x_row.values", direction="quantize", kind="bitwise", bit_equal=False,
+                    passed=False, message=text)
+    report = Report(records=[record])
+    assert Report.loads(json.dumps(report.to_json())).records[0].message == text
+    assert text.splitlines()[0] in render_markdown(report).replace("\\", "")
+    assert "x_row.values" in render_html(report)
