@@ -98,20 +98,23 @@ def oracle_values(q: Any, dtype: torch.dtype) -> torch.Tensor:
 
 def dequant_spread(q: Any, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """(lowest, highest) value per element over the legitimate dequantization orders of q,
-    each cast to ``dtype`` as the oracle's is; an order's non-finite result where the oracle's
-    is finite (TE's order overflows above amax of about 7.6e35) is not legitimate and is
-    left out (then lowest > highest where none is left). MX and FP8 values are one product
-    (exact for MX): their spread is the oracle's value alone."""
+    each cast to ``dtype`` as the oracle's is. An order that loses a value is not legitimate
+    there and is left out: Inf where the true value is finite (TE's order above amax of about
+    7.6e35), 0 where it is not 0 (an order through 2688 / amax, which is Inf below amax of
+    about 7.9e-36). MX and FP8 values are one product (exact for MX): their spread is the
+    oracle's value alone."""
     want = oracle_values(q, dtype)
     if not isinstance(q, NVFP4Tensor):
         return want, want
     e, s, a = q.decoded_factors()
     lo = torch.full_like(want, float("inf"))
     hi = torch.full_like(want, float("-inf"))
+    exact32 = q.dequantize()
     with torch.no_grad():
         for order in DEQUANT_ORDERS.values():
-            v = order(e, s, a).to(dtype)
-            ok = torch.isfinite(v)
+            v32 = order(e, s, a)
+            ok = torch.isfinite(v32) & ((v32 != 0) | (exact32 == 0))
+            v = v32.to(dtype)
             lo = torch.where(ok, torch.minimum(lo, v), lo)
             hi = torch.where(ok, torch.maximum(hi, v), hi)
     return lo, hi
