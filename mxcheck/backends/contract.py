@@ -172,10 +172,11 @@ class FakeQuantizeBackend(Backend, Protocol):
         """The values of the 2D NT operand ``x`` [rows, K] quantized along its last axis as
         ``spec`` says and dequantized: shaped like ``x``, in ``x``'s dtype or float32.
 
-        Compared bit for bit with the oracle's ``dequantize()`` (exact in float32; in the
-        rotated basis where ``spec.hadamard`` rotates), cast to the dtype returned with
-        round-to-nearest-even; any NaN equals any NaN (a NaN's sign and payload are not
-        compared). NVFP4: a NaN anywhere in ``x`` makes every value NaN (the tensor amax is
+        Compared with the oracle's ``dequantize()`` (in the rotated basis where
+        ``spec.hadamard`` rotates), cast to the dtype returned with round-to-nearest-even:
+        bit for bit for MX and FP8; an NVFP4 value may lie anywhere within the spread of the
+        released float32 dequantization orders (``conformance.values.values_agree``); any NaN
+        equals any NaN (a NaN's sign and payload are not compared). NVFP4: a NaN anywhere in ``x`` makes every value NaN (the tensor amax is
         NaN, as TransformerEngine's reference); a block whose ue4m3 scale byte is 0 holds
         +-0, each with its input's sign. MX: every value of a block whose E8M0 byte is 255
         is NaN. ``state`` as for ``quantize``. A spec or shape it cannot take:
