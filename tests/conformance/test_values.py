@@ -13,7 +13,7 @@ import torch
 
 import mxcheck
 from mxcheck.assertions import NumericsError
-from mxcheck.conformance import basic, run_checks
+from mxcheck.conformance import basic, edge_shape_outcome, run_checks
 from mxcheck.conformance._common import linear_of
 from mxcheck.conformance.verdict import LOST_MARGIN_DB
 from mxcheck.functions import quant_linear
@@ -339,3 +339,15 @@ def test_an_nvfp4_values_backend_differing_on_a_nan_input_fails_with_counts_not_
     _only(monkeypatch, "one-nan", (torch.float32,))
     with pytest.raises(NumericsError, match=r"backend nan-ignored: \d+ of \d+ comparisons of values differ"):
         basic.check_quantize(NaNIgnored(), get_recipe("nvfp4-1x16"), torch.Generator().manual_seed(0))
+
+
+def test_an_edge_shape_values_difference_is_attributed_as_the_quantize_checks_are():
+    from mxcheck.conformance.edges import EDGE_SHAPES
+
+    shape = next(name for name, (m, n, k, _) in EDGE_SHAPES.items() if k % 32 == 0 and m > 1)
+    with pytest.raises(NumericsError) as e:
+        edge_shape_outcome(CeilRule(), get_recipe("ocp-mxfp8-e4m3"), shape, torch.Generator().manual_seed(0))
+    text = str(e.value)
+    assert re.search(r"fake_quantize of recipe ocp-mxfp8-e4m3 at M=\d+ N=\d+ K=\d+: 1 of 1 comparisons of values differ",
+                     text), text
+    assert re.search(r"^  ([\d,]+) of \1 differing blocks are reproduced by: ceil scale rule", text, flags=re.M), text
