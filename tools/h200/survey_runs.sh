@@ -4,7 +4,11 @@
 # device beside the conformance run whose attribution it must agree with.
 #   LIBS="torchao aiter_triton" FITS="torchao:mxfp8 aiter_triton:mxfp4-1x32" bash tools/h200/survey_runs.sh
 set -uo pipefail
-if [ -f .te/aiter.tgz ] && [ ! -d /tmp/aiter/aiter ]; then mkdir -p /tmp/aiter && tar xzf .te/aiter.tgz -C /tmp/aiter; fi
+# AITER's files without its HIP __init__ (tools/h200/aiter_loader.py); its dist-info goes where
+# importlib.metadata finds the release, its package stays off sys.path.
+if [ -f .te/aiter.tgz ] && [ ! -d /tmp/aiter/aiter ]; then
+    mkdir -p /tmp/aiter /tmp/site && tar xzf .te/aiter.tgz -C /tmp/aiter && mv /tmp/aiter/amd_aiter-*.dist-info /tmp/site/
+fi
 export PYTHONPATH=.:/tmp/site PYTHONUNBUFFERED=1 MXCHECK_AITER_PATH=/tmp/aiter OMP_NUM_THREADS=1
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . 2>&1 | tail -2  # the pytest11 entry point
 # torchao releases side by side (the survey's --installs), from the carried wheels in .te/tao
