@@ -40,7 +40,6 @@ from mxcheck.conformance.sr_linear import check_sr_linear, sr_statistics_reason
 from mxcheck.conformance.values import check_fake_quantize
 from mxcheck.conformance.verdict import LOST_DB, LOST_MARGIN_DB, TensorVerdict, tensor_verdict
 from mxcheck.diagnose import quantize as diagnose_quantize
-from mxcheck.diagnose.behaviour import render_attributions
 from mxcheck.diagnose.catalogue import QUANTIZE_BEHAVIOURS
 from mxcheck.diagnose.dump import dump_dir, write_dump
 from mxcheck.diagnose.linear import LinearCase, explain_linear
@@ -155,6 +154,7 @@ def _quantize_one(backend: Any, recipe: Recipe, name: str, t: torch.Tensor, labe
         context = {"recipe": recipe.name, "layer": f"{name}.{field} ({label})", "direction": "quantize"}
         outcomes.append((_field_outcome(field, got, getattr(ours, field), context), got, context))
     lines: list[str] = []
+    relations: list[dict] = []  # structured field relations, for the JSON report (mxcheck.diagnose.relations)
     verdict = None
     # The verdict and attribution only run where a field differs: bit-identical fields
     # dequantize to the oracle's values, so the kernel's SNR is the oracle's.
@@ -168,13 +168,16 @@ def _quantize_one(backend: Any, recipe: Recipe, name: str, t: torch.Tensor, labe
         start = next((e.fit for e in reversed(differing) if e.spec == spec and e.fit), None)
         diagnose_quantize.attribute(d, QUANTIZE_BEHAVIOURS, tuple(dict.fromkeys(first)), start)
         differing.append(d)
-        lines = render_attributions(d.attributions, d.n_examined, d.unexplained, d.unit)
+        lines = diagnose_quantize.cause_lines(d)
+        relations = [r.to_json() for r in d.relations]
     if numerics is None:
         return
     for out, got, context in outcomes:
         message = out.message if out.passed else "\n".join([out.message, *lines])
+        fields = out.fields if out.passed or not relations else \
+            {**out.fields, "extra": {**out.fields.get("extra", {}), "relations": relations}}
         numerics.context(**context).record(
-            "bitwise", replace(out, message=message), got if isinstance(got, torch.Tensor) else None)
+            "bitwise", replace(out, message=message, fields=fields), got if isinstance(got, torch.Tensor) else None)
     if verdict is not None:
         context = {"recipe": recipe.name, "layer": f"{name} tensor ({label})", "direction": "quantize"}
         numerics.context(**context).record("snr", Outcome(None, verdict.passed, verdict.line(),
