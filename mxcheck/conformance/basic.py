@@ -27,6 +27,7 @@ from mxcheck.conformance._common import (
     own_sr_directions,
     own_sr_fwd_reason,
     sr_directions,
+    values_problem,
     warmed_states,
 )
 from mxcheck.conformance.inputs import (
@@ -37,9 +38,16 @@ from mxcheck.conformance.inputs import (
     training_like,
 )
 from mxcheck.conformance.sr_linear import check_sr_linear, sr_statistics_reason
-from mxcheck.conformance.values import check_fake_quantize
+from mxcheck.conformance.values import (
+    ValuesDiff,
+    attribute_values,
+    check_fake_quantize,
+    oracle_values,
+    same_nans,
+)
 from mxcheck.conformance.verdict import LOST_DB, LOST_MARGIN_DB, TensorVerdict, tensor_verdict
 from mxcheck.diagnose import quantize as diagnose_quantize
+from mxcheck.diagnose.behaviour import render_attributions
 from mxcheck.diagnose.catalogue import QUANTIZE_BEHAVIOURS
 from mxcheck.diagnose.dump import dump_dir, write_dump
 from mxcheck.diagnose.linear import LinearCase, explain_linear
@@ -252,18 +260,30 @@ def check_gemm(backend: Any, recipe: Recipe, gen: torch.Generator, numerics: Any
     if not hasattr(backend, "gemm"):
         return "backend has no gemm"
     x, w, _, _ = _inputs(gen, _device(backend), recipe)
-    a, b = _fwd_operands(recipe, x, w)
-    got = backend.gemm(a, b, out_dtype=gemm_out_dtype(backend))
-    _assert_in_bound(got, a, b, f"gemm of recipe {recipe.name} at M={_M} N={_N} K={_K}")
+    _gemm_in_bound(backend, recipe, x, w, f"gemm of recipe {recipe.name} at M={_M} N={_N} K={_K}")
     # x at a gradient magnitude: the per-tensor factors a GEMM multiplies in (NVFP4's
     # ts_a * ts_b, FP8's scale_inv product) leave float16's and bf16's normal range there.
     m, n = _SMALL_GEMM
     x = magnitude_tensor(gen, m, n, torch.bfloat16, GRADIENT_AMAX).float().to(_device(backend))
     w = magnitude_tensor(gen, n, n, torch.bfloat16, 1.0).float().to(_device(backend))
+    _gemm_in_bound(backend, recipe, x, w, f"gemm of recipe {recipe.name} at M={m} N=K={n}, x at amax "
+                                          f"{GRADIENT_AMAX:.1e}")
+    return None
+
+
+def _gemm_in_bound(backend: Any, recipe: Recipe, x: torch.Tensor, w: torch.Tensor, what: str) -> None:
+    """The backend's GEMM of the oracle's operands of x and w within the bound; a failure
+    names first where the backend's own quantizer differs on the same x and w."""
     a, b = _fwd_operands(recipe, x, w)
     got = backend.gemm(a, b, out_dtype=gemm_out_dtype(backend))
-    _assert_in_bound(got, a, b, f"gemm of recipe {recipe.name} at M={m} N=K={n}, x at amax {GRADIENT_AMAX:.1e}")
-    return None
+    try:
+        _assert_in_bound(got, a, b, what)
+    except NumericsError as e:
+        causes = operand_causes(backend, recipe, {"x_row": x, "w_row": w})
+        if not causes:
+            raise
+        first, _, rest = str(e).partition("\n")
+        raise NumericsError("\n".join([first, *causes, rest])) from e
 
 
 # check_linear pools its SNRs over this many independent input draws. training_like's
@@ -329,11 +349,50 @@ def check_linear(backend: Any, recipe: Recipe, gen: torch.Generator, numerics: A
     except NumericsError as e:
         x, w, b, _ = _inputs(torch.Generator().set_state(first_draw), _device(backend), recipe)
         try:
-            lines = explain_linear(_linear(backend, x, w, b, recipe)[3], LinearCase(recipe, x, w, b))
+            lines = operand_causes(backend, recipe, {"x_row": x, "w_row": w})  # the quantizer's cause first
+            lines += explain_linear(_linear(backend, x, w, b, recipe)[3],
+                                    LinearCase(recipe, x, w, b, own_linear=hasattr(backend, "linear")))
         except Exception as why:  # the attribution must not hide the failure it was to explain
             lines = [f"no attribution: the backend's forward raised {type(why).__name__}: {why}"]
         raise NumericsError("\n".join([str(e), *lines])) from e
     return None
+
+
+def operand_causes(backend: Any, recipe: Recipe, operands: dict[str, torch.Tensor]) -> list[str]:
+    """Where the backend's own quantization (``quantize``, else ``fake_quantize``) of an
+    operand copy differs from the oracle's on the input a GEMM or linear failed on: one line
+    each, with the cause the quantize check names (a GEMM or linear failure downstream of a
+    wrong quantizer is that quantizer's failure first). Empty where it quantizes as the
+    oracle does, or has no quantizer of its own."""
+    lines = []
+    for name, t in operands.items():
+        spec = recipe.spec(name)
+        if not spec.quantized or spec.scaling == "delayed":  # a delayed scale depends on the calls before
+            continue
+        ours = quantize_operand(t, spec)
+        if hasattr(backend, "quantize"):
+            d = diagnose_quantize.compare_quantized(t, spec, ours, backend.quantize(t, spec), operand=name)
+            if d.problem or not d.n_differing:
+                continue
+            diagnose_quantize.attribute(d, QUANTIZE_BEHAVIOURS)
+            counts, cause = f"{d.n_differing:,} of {d.n_blocks:,} {d.unit}", diagnose_quantize.cause_lines(d)[0]
+        elif hasattr(backend, "fake_quantize"):
+            got = backend.fake_quantize(t, spec)
+            if values_problem(got, t):
+                continue
+            want = oracle_values(ours, got.dtype).cpu()
+            v = ValuesDiff(name, "", spec, t.detach().cpu(), ours, want, same_nans(got.detach().cpu(), want))
+            if not bool(v.differ.any()):
+                continue
+            attribute_values(v, QUANTIZE_BEHAVIOURS)
+            n = len(v.differing_blocks())
+            counts = f"{int(v.differ.sum()):,} of {v.differ.numel():,} values"
+            cause = render_attributions(v.attributions, n, v.unexplained, v.unit)[0]
+        else:
+            return []
+        lines.append(f"the backend's quantization of {name} differs from the oracle's on this input ({counts}); "
+                     f"the quantize check's cause: {cause}")
+    return lines
 
 
 def check_weight_change(backend: Any, recipe: Recipe, gen: torch.Generator, numerics: Any = None) -> str | None:
