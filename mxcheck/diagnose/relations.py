@@ -31,9 +31,11 @@ __all__ = ["KINDS", "Condition", "Relation", "combine", "relate", "relation_name
 # Every kind of relation, in the order one is preferred where two cover the same blocks.
 # "times 2^K" stands for one kind per integer K ("times 2^-48"); the constants of a byte
 # field are its bytes ("constant 127": E8M0 2^0), of a float field its values.
-KINDS: tuple[str, ...] = ("bf16_rne", "bf16_trunc", "fp16_rne", "fp16_trunc", "ulp_up", "ulp_down", "times 2^K",
-                          "sign_flipped", "nan", "inf", "constant 127", "constant 0", "constant 1", "constant 0.125",
-                          "constant max", "constant -max")
+# A constant is preferred to a step or a power of two that covers the same blocks (the
+# kernel writes that value, whatever the oracle's was).
+KINDS: tuple[str, ...] = ("bf16_rne", "bf16_trunc", "fp16_rne", "fp16_trunc", "nan", "inf", "sign_flipped",
+                          "constant 127", "constant 0", "constant 1", "constant 0.125", "constant max",
+                          "constant -max", "ulp_up", "ulp_down", "times 2^K")
 
 _TEXT = {
     "bf16_rne": "the oracle's rounded to bfloat16 (RNE)",
