@@ -405,7 +405,7 @@ def check_weight_change(backend: Any, recipe: Recipe, gen: torch.Generator, nume
         y1 = linear(x, w, b, recipe)
         y2 = linear(x, w * 2, b, recipe)
     if torch.equal(y1, y2):
-        lines = explain_linear(y2, LinearCase(recipe, x, w * 2, b, previous_w=w))
+        lines = explain_linear(y2, LinearCase(recipe, x, w * 2, b, previous_w=w, own_linear=hasattr(backend, "linear")))
         raise NumericsError("\n".join([f"recipe {recipe.name}: doubling the weight left the output unchanged", *lines]))
     return None
 
@@ -435,7 +435,8 @@ def check_nan_propagates(backend: Any, recipe: Recipe, gen: torch.Generator, num
     with torch.no_grad():
         y = linear(x, w, b, recipe)
     if not torch.isnan(y[3]).any():
-        lines = explain_linear(y, LinearCase(recipe, x, w, b))
+        lines = operand_causes(backend, recipe, {"x_row": x})  # a quantizer that flushes NaN, first
+        lines += explain_linear(y, LinearCase(recipe, x, w, b, own_linear=hasattr(backend, "linear")))
         raise NumericsError("\n".join([f"recipe {recipe.name}: a NaN in row 3 of x gave a finite row 3 of y", *lines]))
     return None
 
