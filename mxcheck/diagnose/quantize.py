@@ -265,10 +265,11 @@ def cause_lines(d: QuantizeDiff) -> list[str]:
     """The cause lines of one comparison: the behaviours that reproduce its blocks
     (``render_attributions``), or, where field relations state more blocks exactly
     (``relations_head``), those relations first and the behaviours after them as weaker.
-    Relations that head nothing follow the behaviours: they state what the rest is."""
+    Relations that head nothing follow the behaviours where some blocks are reproduced by
+    no behaviour: they state what those are."""
     own = [f"field relation: {r.line()}" for r in d.relations]
-    if not relations_head(d):
-        return render_attributions(d.attributions, d.n_examined, d.unexplained, d.unit) + own
+    if not relations_head(d):  # relations say what the blocks no behaviour reproduces are
+        return render_attributions(d.attributions, d.n_examined, d.unexplained, d.unit) + (own if d.unexplained else [])
     lines = own + _weaker_than_relations(d.attributions, _n_stated(d), d.unit)
     if d.unexplained:
         lines.append(f"{d.unexplained:,} of {d.n_examined:,} differing {d.unit} are reproduced by no known behaviour "
@@ -519,7 +520,8 @@ def summary(diffs: list[QuantizeDiff]) -> list[str]:
     if stated and not relations and stated < examined:  # relations head: what they leave
         lines.append(f"{examined - stated:,} of the {examined:,} differing blocks examined are stated by no field "
                      "relation")
-    lines += [f"field relation: {r.line()}" for r in relations[:RELATIONS_SHOWN]]
+    if unexplained:  # relations that head nothing say what the blocks no behaviour reproduces are
+        lines += [f"field relation: {r.line()}" for r in relations[:RELATIONS_SHOWN]]
     return lines
 
 

@@ -28,14 +28,29 @@ from mxcheck.formats import FloatFormat, decode_table, get_format
 
 __all__ = ["KINDS", "Condition", "Relation", "combine", "relate", "relation_name"]
 
-# Every kind of relation, in the order one is preferred where two cover the same blocks.
-# "times 2^K" stands for one kind per integer K ("times 2^-48"); the constants of a byte
-# field are its bytes ("constant 127": E8M0 2^0), of a float field its values.
-# A constant is preferred to a step or a power of two that covers the same blocks (the
-# kernel writes that value, whatever the oracle's was).
-KINDS: tuple[str, ...] = ("bf16_rne", "bf16_trunc", "fp16_rne", "fp16_trunc", "nan", "inf", "sign_flipped",
-                          "constant 127", "constant 0", "constant 1", "constant 0.125", "constant max",
-                          "constant -max", "ulp_up", "ulp_down", "times 2^K")
+# Every kind of relation (what the kernel's entry is, given the oracle's), in the order one
+# is preferred where two cover the same blocks: a constant before a step or a power of two
+# (the kernel writes that value, whatever the oracle's was). "times 2^K" stands for one kind
+# per integer K ("times 2^-48"); the constants of a byte field compare decoded values, but
+# "constant 127" is the byte itself (E8M0 2^0, the byte a missing scale falls back to).
+KINDS: dict[str, str] = {
+    "bf16_rne": "the oracle's float rounded to bfloat16, ties to even",
+    "bf16_trunc": "the oracle's float truncated (toward zero) to bfloat16",
+    "fp16_rne": "the oracle's float rounded to float16, ties to even",
+    "fp16_trunc": "the oracle's float truncated (toward zero) to float16",
+    "nan": "NaN (for a byte: a NaN code, or a byte outside the format's codes)",
+    "inf": "+Inf or -Inf",
+    "sign_flipped": "the oracle's with its sign bit flipped",
+    "constant 127": "the byte 127",
+    "constant 0": "the value 0 (either sign)",
+    "constant 1": "the value 1",
+    "constant 0.125": "the value 0.125",
+    "constant max": "the field's largest finite value",
+    "constant -max": "the field's most negative finite value",
+    "ulp_up": "one step (one ulp, or the next code) above the oracle's in magnitude, same sign",
+    "ulp_down": "one step (one ulp, or the next code) below the oracle's in magnitude, same sign",
+    "times 2^K": "the oracle's times the power of two 2^K, exactly (K an integer, not 0)",
+}
 
 _TEXT = {
     "bf16_rne": "the oracle's rounded to bfloat16 (RNE)",
@@ -239,7 +254,7 @@ PER_FIELD = 3  # relations stated for one field of one comparison, most blocks f
 
 
 def _order(kind: str) -> int:
-    return KINDS.index("times 2^K" if kind.startswith("times 2^") else kind)
+    return list(KINDS).index("times 2^K" if kind.startswith("times 2^") else kind)
 
 
 # ---- the blocks a relation covers, and the test that picks them out ---------------------------
