@@ -93,8 +93,8 @@ class Condition:
     """The blocks a relation covers, where one test picks out exactly those: ``kind`` is
     "every" (every block), "zero" (all-zero blocks), "special" (blocks holding NaN or Inf),
     "amax_below" / "nonzero_amax_below" / "amax_at_least" (finite blocks, or finite nonzero
-    ones, on one side of a threshold in ``(low, high]``, the threshold's possible range), or "" (no such test: the relation is
-    stated with its count only). ``matching``: blocks the test picks (all covered).
+    ones, on one side of a threshold in ``(low, high]``, the threshold's possible range), or
+    "" (no such test: the relation is stated with its count only). ``matching``: blocks the test picks (all covered).
     ``dtypes``: the input dtypes of the comparisons it holds in."""
 
     kind: str = ""
@@ -132,8 +132,9 @@ class Condition:
 class Relation:
     """One relation of one field: the kernel's entries are ``kind`` of the oracle's in
     ``covered`` of the ``total`` units (blocks; comparisons for a per-tensor field) where the
-    field differs, and in those the condition holds. ``alone``: no other field differs in
-    the blocks it covers. ``comparisons``: how many comparisons it was found in."""
+    field differs, and in those the condition holds. ``also``: the other fields that differ
+    in the blocks it covers (each stated by its own relations). ``comparisons``: how many
+    comparisons it was found in."""
 
     field: str
     kind: str
@@ -277,8 +278,9 @@ def _blocks(d: Any) -> _Blocks:
         return _Blocks(None, None, dtype)
     a = d.x.abs().float()
     n = d.differing.numel()
-    special = _per_block(~torch.isfinite(a), d.block_ids, n)
-    finite = torch.where(torch.isfinite(a), a, 0.0).flatten()
+    is_finite = torch.isfinite(a)
+    special = _per_block(~is_finite, d.block_ids, n)
+    finite = torch.where(is_finite, a, 0.0).flatten()
     amax = torch.zeros(n).scatter_reduce_(0, d.block_ids.flatten(), finite, "amax", include_self=True)
     return _Blocks(amax, special, dtype)
 
