@@ -218,10 +218,25 @@ def attribute(d: QuantizeDiff, behaviours: tuple[Behaviour, ...], first: tuple[B
         for b in tried:
             _count(d, b, full)
         tried = []
-    d.relations, d.stated = relate(d)  # what differs, stated exactly (it heads where no behaviour does better)
+    if not _complete(d):  # what differs, stated exactly (it heads where no behaviour does better)
+        d.relations, d.stated = relate(d)
     if not _one_value_stated(d):
         _fitted(d, full, start)
     d.unexplained = int((d.differing & d.examined & ~d.explained).sum())
+    return d
+
+
+def _complete(d: QuantizeDiff) -> bool:
+    """One behaviour reproduces every differing block examined, exactly."""
+    examined = int((d.differing & d.examined).sum())
+    return any(a.reproduced == examined and not a.also_changes for a in d.attributions)
+
+
+def _with_relations(d: QuantizeDiff) -> QuantizeDiff:
+    """d with its field relations, computed now where attribution skipped them (a behaviour
+    reproduced every block): a summary over several comparisons counts them in each."""
+    if d.stated is None and d.differing is not None and d.n_differing and not d.problem:
+        d.relations, d.stated = relate(d)
     return d
 
 
@@ -283,8 +298,7 @@ def cause_lines(d: QuantizeDiff) -> list[str]:
 def _fitted(d: QuantizeDiff, full: _Rows, start: Any) -> None:
     """The fit on the rows examined, where no single behaviour reproduces every block; named
     where it combines conventions or failures (a single one is in the catalogue already)."""
-    examined = int((d.differing & d.examined).sum())
-    if any(a.reproduced == examined and not a.also_changes for a in d.attributions):
+    if _complete(d):
         return  # one behaviour reproduces every block exactly: a fit names nothing more (and costs a search)
     try:
         case = FitCase(full.x, d.spec, full.oracle, full.kernel, d.label)
@@ -464,6 +478,8 @@ def _field_totals(diffs: list[QuantizeDiff]) -> dict[tuple[str, str], int]:
 def relation_summary(diffs: list[QuantizeDiff]) -> tuple[list[Relation], int]:
     """The field relations of several comparisons combined (``relations.combine``), and
     the differing blocks examined that they state."""
+    if any(d.relations for d in diffs):
+        diffs = [_with_relations(d) for d in diffs]
     dtypes = tuple(sorted({str(d.x.dtype).removeprefix("torch.") for d in diffs}))
     found = combine([r for d in diffs for r in d.relations], dtypes, _field_totals(diffs))
     return found, sum(_n_stated(d) for d in diffs)
