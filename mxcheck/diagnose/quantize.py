@@ -218,10 +218,14 @@ def attribute(d: QuantizeDiff, behaviours: tuple[Behaviour, ...], first: tuple[B
         for b in tried:
             _count(d, b, full)
         tried = []
-    if not _complete(d):  # what differs, stated exactly (it heads where no behaviour does better)
+    # What differs, stated exactly (it heads where no behaviour does better): before the fit
+    # where only per-tensor values differ (stated, they need no search), else after it.
+    if not _complete(d) and all(getattr(d.oracle, c.field).ndim == 0 for c in d.counts if c.differ):
         d.relations, d.stated = relate(d)
     if not _one_value_stated(d):
         _fitted(d, full, start)
+    if d.stated is None and not _complete(d):
+        d.relations, d.stated = relate(d)
     d.unexplained = int((d.differing & d.examined & ~d.explained).sum())
     return d
 
