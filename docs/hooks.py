@@ -26,6 +26,7 @@ if __name__ == "__main__":  # run as a script: this checkout's mxcheck, not an i
 from mxcheck import false_failure as ff  # noqa: E402
 from mxcheck.conformance.inputs import families_table  # noqa: E402
 from mxcheck.diagnose import CATALOGUE, NOT_BLOCK_BEHAVIOURS  # noqa: E402
+from mxcheck.diagnose.relations import KINDS as RELATION_KINDS  # noqa: E402
 from mxcheck.divergence import DIVERGENCE_TABLE  # noqa: E402
 from mxcheck.profiles import ALL_PROFILES  # noqa: E402
 from mxcheck.recipes import DERIVED_RECIPES, OCP_MX_RECIPES, PLAIN_RECIPES, RECIPES  # noqa: E402
@@ -123,7 +124,12 @@ def catalogue() -> str:
     return table + "\nDivergence cases no behaviour executes, and why:\n\n" + why
 
 
-TABLES = {"catalogue": catalogue, "recipes": recipes, "plain-recipes": plain_recipes, "ocp-recipes": ocp_recipes,
+def relation_kinds() -> str:
+    rows = [(f"`{kind}`", meaning) for kind, meaning in RELATION_KINDS.items()]
+    return _md_table(("kind", "the kernel's entry is"), rows)
+
+
+TABLES = {"catalogue": catalogue, "relation-kinds": relation_kinds, "recipes": recipes, "plain-recipes": plain_recipes, "ocp-recipes": ocp_recipes,
           "derived-recipes": derived_recipes,
           "profiles": profiles, "divergence": divergence, "layers": layers, "false-failure": false_failure,
           "families": families_table}

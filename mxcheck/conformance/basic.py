@@ -26,6 +26,7 @@ from mxcheck.conformance._common import (
     own_sr_directions,
     own_sr_fwd_reason,
     sr_directions,
+    values_problem,
     warmed_states,
 )
 from mxcheck.conformance.inputs import (
@@ -36,7 +37,13 @@ from mxcheck.conformance.inputs import (
     training_like,
 )
 from mxcheck.conformance.sr_linear import check_sr_linear, sr_statistics_reason
-from mxcheck.conformance.values import check_fake_quantize
+from mxcheck.conformance.values import (
+    ValuesDiff,
+    attribute_values,
+    check_fake_quantize,
+    oracle_values,
+    quantized_on_cpu,
+)
 from mxcheck.conformance.verdict import lost_lines, tensor_verdict
 from mxcheck.diagnose import quantize as diagnose_quantize
 from mxcheck.diagnose.behaviour import render_attributions
@@ -134,6 +141,7 @@ def _quantize_one(backend: Any, recipe: Recipe, name: str, t: torch.Tensor, labe
         context = {"recipe": recipe.name, "layer": f"{name}.{field} ({label})", "direction": "quantize"}
         outcomes.append((_field_outcome(field, got, getattr(ours, field), context), got, context))
     lines: list[str] = []
+    relations: list[dict] = []  # structured field relations, for the JSON report (mxcheck.diagnose.relations)
     verdict = None
     # The verdict and attribution only run where a field differs: bit-identical fields
     # dequantize to the oracle's values, so the kernel's SNR is the oracle's.
@@ -147,13 +155,16 @@ def _quantize_one(backend: Any, recipe: Recipe, name: str, t: torch.Tensor, labe
         start = next((e.fit for e in reversed(differing) if e.spec == spec and e.fit), None)
         diagnose_quantize.attribute(d, QUANTIZE_BEHAVIOURS, tuple(dict.fromkeys(first)), start)
         differing.append(d)
-        lines = render_attributions(d.attributions, d.n_examined, d.unexplained, d.unit)
+        lines = diagnose_quantize.cause_lines(d)
+        relations = [r.to_json() for r in d.relations]
     if numerics is None:
         return
     for out, got, context in outcomes:
         message = out.message if out.passed else "\n".join([out.message, *lines])
+        fields = out.fields if out.passed or not relations else \
+            {**out.fields, "extra": {**out.fields.get("extra", {}), "relations": relations}}
         numerics.context(**context).record(
-            "bitwise", replace(out, message=message), got if isinstance(got, torch.Tensor) else None)
+            "bitwise", replace(out, message=message, fields=fields), got if isinstance(got, torch.Tensor) else None)
     if verdict is not None:
         context = {"recipe": recipe.name, "layer": f"{name} tensor ({label})", "direction": "quantize"}
         numerics.context(**context).record("snr", Outcome(None, verdict.passed, verdict.line(),
@@ -228,18 +239,30 @@ def check_gemm(backend: Any, recipe: Recipe, gen: torch.Generator, numerics: Any
     if not hasattr(backend, "gemm"):
         return "backend has no gemm"
     x, w, _, _ = _inputs(gen, _device(backend), recipe)
-    a, b = _fwd_operands(recipe, x, w)
-    got = backend.gemm(a, b, out_dtype=gemm_out_dtype(backend))
-    _assert_in_bound(got, a, b, f"gemm of recipe {recipe.name} at M={_M} N={_N} K={_K}")
+    _gemm_in_bound(backend, recipe, x, w, f"gemm of recipe {recipe.name} at M={_M} N={_N} K={_K}")
     # x at a gradient magnitude: the per-tensor factors a GEMM multiplies in (NVFP4's
     # ts_a * ts_b, FP8's scale_inv product) leave float16's and bf16's normal range there.
     m, n = _SMALL_GEMM
     x = magnitude_tensor(gen, m, n, torch.bfloat16, GRADIENT_AMAX).float().to(_device(backend))
     w = magnitude_tensor(gen, n, n, torch.bfloat16, 1.0).float().to(_device(backend))
+    _gemm_in_bound(backend, recipe, x, w, f"gemm of recipe {recipe.name} at M={m} N=K={n}, x at amax "
+                                          f"{GRADIENT_AMAX:.1e}")
+    return None
+
+
+def _gemm_in_bound(backend: Any, recipe: Recipe, x: torch.Tensor, w: torch.Tensor, what: str) -> None:
+    """The backend's GEMM of the oracle's operands of x and w within the bound; a failure
+    names first where the backend's own quantizer differs on the same x and w."""
     a, b = _fwd_operands(recipe, x, w)
     got = backend.gemm(a, b, out_dtype=gemm_out_dtype(backend))
-    _assert_in_bound(got, a, b, f"gemm of recipe {recipe.name} at M={m} N=K={n}, x at amax {GRADIENT_AMAX:.1e}")
-    return None
+    try:
+        _assert_in_bound(got, a, b, what)
+    except NumericsError as e:
+        causes = operand_causes(backend, recipe, {"x_row": x, "w_row": w})
+        if not causes:
+            raise
+        first, _, rest = str(e).partition("\n")
+        raise NumericsError("\n".join([first, *causes, rest])) from e
 
 
 # check_linear pools its SNRs over this many independent input draws. training_like's
@@ -305,11 +328,50 @@ def check_linear(backend: Any, recipe: Recipe, gen: torch.Generator, numerics: A
     except NumericsError as e:
         x, w, b, _ = _inputs(torch.Generator().set_state(first_draw), _device(backend), recipe)
         try:
-            lines = explain_linear(_linear(backend, x, w, b, recipe)[3], LinearCase(recipe, x, w, b))
+            lines = operand_causes(backend, recipe, {"x_row": x, "w_row": w})  # the quantizer's cause first
+            lines += explain_linear(_linear(backend, x, w, b, recipe)[3],
+                                    LinearCase(recipe, x, w, b, own_linear=hasattr(backend, "linear")))
         except Exception as why:  # the attribution must not hide the failure it was to explain
             lines = [f"no attribution: the backend's forward raised {type(why).__name__}: {why}"]
         raise NumericsError("\n".join([str(e), *lines])) from e
     return None
+
+
+def operand_causes(backend: Any, recipe: Recipe, operands: dict[str, torch.Tensor]) -> list[str]:
+    """Where the backend's own quantization (``quantize``, else ``fake_quantize``) of an
+    operand copy differs from the oracle's on the input a GEMM or linear failed on: one line
+    each, with the cause the quantize check names (a GEMM or linear failure downstream of a
+    wrong quantizer is that quantizer's failure first). Empty where it quantizes as the
+    oracle does, or has no quantizer of its own."""
+    lines = []
+    for name, t in operands.items():
+        spec = recipe.spec(name)
+        if not spec.quantized or spec.scaling == "delayed":  # a delayed scale depends on the calls before
+            continue
+        ours = quantize_operand(t, spec)
+        if hasattr(backend, "quantize"):
+            d = diagnose_quantize.compare_quantized(t, spec, ours, backend.quantize(t, spec), operand=name)
+            if d.problem or not d.n_differing:
+                continue
+            diagnose_quantize.attribute(d, QUANTIZE_BEHAVIOURS)
+            counts, cause = f"{d.n_differing:,} of {d.n_blocks:,} {d.unit}", diagnose_quantize.cause_lines(d)[0]
+        elif hasattr(backend, "fake_quantize"):
+            got = backend.fake_quantize(t, spec)
+            if values_problem(got, t):
+                continue
+            want = oracle_values(ours, got.dtype).cpu()
+            v = ValuesDiff(name, "", spec, t.detach().cpu(), quantized_on_cpu(ours), want, got.detach().cpu())
+            if not bool(v.differ.any()):
+                continue
+            attribute_values(v, QUANTIZE_BEHAVIOURS)
+            n = len(v.differing_blocks())
+            counts = f"{int(v.differ.sum()):,} of {v.differ.numel():,} values"
+            cause = render_attributions(v.attributions, n, v.unexplained, v.unit)[0]
+        else:
+            return []
+        lines.append(f"the backend's quantization of {name} differs from the oracle's on this input ({counts}); "
+                     f"the quantize check's cause: {cause}")
+    return lines
 
 
 def check_weight_change(backend: Any, recipe: Recipe, gen: torch.Generator, numerics: Any = None) -> str | None:
@@ -322,7 +384,7 @@ def check_weight_change(backend: Any, recipe: Recipe, gen: torch.Generator, nume
         y1 = linear(x, w, b, recipe)
         y2 = linear(x, w * 2, b, recipe)
     if torch.equal(y1, y2):
-        lines = explain_linear(y2, LinearCase(recipe, x, w * 2, b, previous_w=w))
+        lines = explain_linear(y2, LinearCase(recipe, x, w * 2, b, previous_w=w, own_linear=hasattr(backend, "linear")))
         raise NumericsError("\n".join([f"recipe {recipe.name}: doubling the weight left the output unchanged", *lines]))
     return None
 
@@ -352,7 +414,8 @@ def check_nan_propagates(backend: Any, recipe: Recipe, gen: torch.Generator, num
     with torch.no_grad():
         y = linear(x, w, b, recipe)
     if not torch.isnan(y[3]).any():
-        lines = explain_linear(y, LinearCase(recipe, x, w, b))
+        lines = operand_causes(backend, recipe, {"x_row": x})  # a quantizer that flushes NaN, first
+        lines += explain_linear(y, LinearCase(recipe, x, w, b, own_linear=hasattr(backend, "linear")))
         raise NumericsError("\n".join([f"recipe {recipe.name}: a NaN in row 3 of x gave a finite row 3 of y", *lines]))
     return None
 

@@ -26,7 +26,10 @@ __all__ = ["LINEAR_BEHAVIOURS", "LinearCase", "explain_linear"]
 class LinearCase:
     """A linear's inputs as the failing check fed them. ``previous_w``: the weight of the call
     before (check_weight_change), for behaviours that keep state between calls. ``seed``:
-    the default generator's seed both the kernel's call and the behaviours run under (SR)."""
+    the default generator's seed both the kernel's call and the behaviours run under (SR).
+    ``own_linear``: the backend has a linear of its own; without one (a GEMM or fake-quant
+    backend) the reference Function adds the bias, caches nothing and quantizes every call,
+    so no behaviour of a linear's own path can be the backend's."""
 
     recipe: Recipe
     x: torch.Tensor
@@ -34,6 +37,7 @@ class LinearCase:
     b: torch.Tensor | None
     previous_w: torch.Tensor | None = None
     seed: int = 0
+    own_linear: bool = True
 
 
 def _reference(case: LinearCase, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
@@ -94,7 +98,11 @@ def _same_output(got: torch.Tensor, ref: torch.Tensor) -> bool:
 def explain_linear(got: torch.Tensor, case: LinearCase,
                    behaviours: tuple[Behaviour, ...] = LINEAR_BEHAVIOURS) -> list[str]:
     """Report lines: the behaviours whose forward output on ``case`` the kernel's forward
-    output ``got`` reproduces (the whole output is one unit: SNR judges it as one)."""
+    output ``got`` reproduces (the whole output is one unit: SNR judges it as one). Every
+    behaviour here is one of a linear's own path: none is tried for a backend without one."""
+    if not case.own_linear:
+        return ["no linear behaviour applies: the backend has no linear of its own (the reference Function adds "
+                "the bias and runs the backend's GEMM or quantizer)"]
     found = []
     for behaviour in behaviours:
         want = behaviour.run(case)

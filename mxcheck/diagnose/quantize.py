@@ -16,7 +16,13 @@ from typing import Any
 
 import torch
 
-from mxcheck.diagnose.behaviour import Attribution, Behaviour, render_attributions, split_fits
+from mxcheck.diagnose.behaviour import (
+    WEAKER_SHOWN,
+    Attribution,
+    Behaviour,
+    render_attributions,
+    split_fits,
+)
 from mxcheck.diagnose.catalogue import CONVENTION_OF, combined, element_format
 from mxcheck.diagnose.compare import (
     QUANTIZE_FIELDS,
@@ -33,12 +39,13 @@ from mxcheck.diagnose.compare import (
     nan_scale_blocks,
 )
 from mxcheck.diagnose.fit import FitCase, fit
+from mxcheck.diagnose.relations import Relation, combine, relate
 from mxcheck.formats import FloatFormat, decode_table, get_format
 from mxcheck.recipes import OperandSpec
 from mxcheck.scaling.rules import E8M0_NAN
 
-__all__ = ["QUANTIZE_FIELDS", "FieldCount", "QuantizeDiff", "attribute", "compare_quantized", "compared_fields",
-           "diagnose", "field_problem", "nan_scale_blocks", "report", "summary"]
+__all__ = ["QUANTIZE_FIELDS", "FieldCount", "QuantizeDiff", "attribute", "cause_lines", "compare_quantized",
+           "compared_fields", "diagnose", "field_problem", "nan_scale_blocks", "relations_head", "report", "summary"]
 
 # The fields of the contract (mxcheck.backends.contract.QuantizeBackend), scales first: a
 # wrong scale explains the codes after it. ``amax`` and FP8's ``scale`` are left out: the
@@ -76,6 +83,8 @@ class QuantizeDiff:
     explained: torch.Tensor | None = None  # bool per block: some behaviour reproduces it
     examined: torch.Tensor | None = None  # bool per block: in the rows attribution ran on
     fit: Any = None  # mxcheck.diagnose.fit.Fit on the rows examined, where profiles model the spec
+    relations: list[Relation] = field(default_factory=list)  # where no behaviour reproduces every block
+    stated: torch.Tensor | None = None  # bool per block: field relations state every field that differs there
 
     @property
     def n_differing(self) -> int:
@@ -209,16 +218,91 @@ def attribute(d: QuantizeDiff, behaviours: tuple[Behaviour, ...], first: tuple[B
         for b in tried:
             _count(d, b, full)
         tried = []
-    _fitted(d, full, start)
+    # What differs, stated exactly (it heads where no behaviour does better): before the fit
+    # where only per-tensor values differ (stated, they need no search), else after it.
+    if not _complete(d) and all(getattr(d.oracle, c.field).ndim == 0 for c in d.counts if c.differ):
+        d.relations, d.stated = relate(d)
+    if not _one_value_stated(d):
+        _fitted(d, full, start)
+    if d.stated is None and not _complete(d):
+        d.relations, d.stated = relate(d)
     d.unexplained = int((d.differing & d.examined & ~d.explained).sum())
     return d
+
+
+def _complete(d: QuantizeDiff) -> bool:
+    """One behaviour reproduces every differing block examined, exactly."""
+    examined = int((d.differing & d.examined).sum())
+    return any(a.reproduced == examined and not a.also_changes for a in d.attributions)
+
+
+def _with_relations(d: QuantizeDiff) -> QuantizeDiff:
+    """d with its field relations, computed now where attribution skipped them (a behaviour
+    reproduced every block): a summary over several comparisons counts them in each."""
+    if d.stated is None and d.differing is not None and d.n_differing and not d.problem:
+        d.relations, d.stated = relate(d)
+    return d
+
+
+def _one_value_stated(d: QuantizeDiff) -> bool:
+    """Only per-tensor values differ and relations state them: no combination of
+    conventions is needed to say what differs, so the fit (the costly search) is not run."""
+    return bool(d.relations) and all(r.unit == "comparisons" for r in d.relations) and \
+        _n_stated(d) == d.n_examined
+
+
+def _n_stated(d: QuantizeDiff) -> int:
+    if d.stated is None:
+        return 0
+    return int((d.stated & d.examined).sum()) if d.examined is not None else int(d.stated.sum())
+
+
+def relations_head(d: QuantizeDiff) -> bool:
+    """Field relations head the cause: no behaviour reproduces every differing block
+    examined exactly, and the relations state at least as many of them as the best exact
+    behaviour reproduces."""
+    exact, _ = split_fits(d.attributions, d.n_examined)
+    best = max((a.reproduced for a in exact), default=0)
+    return bool(d.relations) and best < d.n_examined and _n_stated(d) >= max(best, 1)
+
+
+def _weaker_than_relations(attributions: list[Attribution], stated: int, unit: str) -> list[str]:
+    """Behaviours that reproduce fewer blocks than the relations state, on one line; ties
+    keep their own line (they reproduce the same blocks)."""
+    tied = [a.line() for a in attributions if a.reproduced >= stated and not a.also_changes]
+    weaker = [a for a in attributions if a.reproduced < stated or a.also_changes]
+    lines = list(tied)
+    if weaker:
+        names = "; ".join(f"{a.behaviour.title} ({a.reproduced:,} reproduced)" for a in weaker[:WEAKER_SHOWN])
+        more = f"; and {len(weaker) - WEAKER_SHOWN} more" if len(weaker) > WEAKER_SHOWN else ""
+        lines.append(f"weaker fits, not a cause (they reproduce fewer {unit} than the field relations state): "
+                     f"{names}{more}")
+    return lines
+
+
+def cause_lines(d: QuantizeDiff) -> list[str]:
+    """The cause lines of one comparison: the behaviours that reproduce its blocks
+    (``render_attributions``), or, where field relations state more blocks exactly
+    (``relations_head``), those relations first and the behaviours after them as weaker.
+    Relations that head nothing follow the behaviours where some blocks are reproduced by
+    no behaviour: they state what those are."""
+    own = [f"field relation: {r.line()}" for r in d.relations]
+    if not relations_head(d):  # relations say what the blocks no behaviour reproduces are
+        return render_attributions(d.attributions, d.n_examined, d.unexplained, d.unit) + (own if d.unexplained else [])
+    lines = own + _weaker_than_relations(d.attributions, _n_stated(d), d.unit)
+    if d.unexplained:
+        lines.append(f"{d.unexplained:,} of {d.n_examined:,} differing {d.unit} are reproduced by no known behaviour "
+                     "(mxcheck.diagnose.CATALOGUE)")
+    left = d.n_examined - _n_stated(d)
+    if left:
+        lines.append(f"{left:,} of {d.n_examined:,} differing {d.unit} are stated by no field relation")
+    return lines
 
 
 def _fitted(d: QuantizeDiff, full: _Rows, start: Any) -> None:
     """The fit on the rows examined, where no single behaviour reproduces every block; named
     where it combines conventions or failures (a single one is in the catalogue already)."""
-    examined = int((d.differing & d.examined).sum())
-    if any(a.reproduced == examined and not a.also_changes for a in d.attributions):
+    if _complete(d):
         return  # one behaviour reproduces every block exactly: a fit names nothing more (and costs a search)
     try:
         case = FitCase(full.x, d.spec, full.oracle, full.kernel, d.label)
@@ -355,7 +439,7 @@ def diagnose(d: QuantizeDiff, behaviours: tuple[Behaviour, ...] | None = None) -
     if examined < d.n_differing:
         lines.append(f"  attribution on the {examined:,} differing {d.unit} of the first {ATTRIBUTION_ROWS} rows "
                      "that hold any:")
-    lines += ["  " + line for line in render_attributions(d.attributions, examined, d.unexplained, d.unit)]
+    lines += ["  " + line for line in cause_lines(d)]
     if d.fit is not None and d.fit.size:
         lines.append(f"  fitted profile (on the rows examined; mxcheck fit for the whole recipe): "
                      f"{d.fit.text(d.spec.profile or 'the recipe')}")
@@ -375,7 +459,37 @@ DIAGNOSED_IN_FULL = 4  # comparisons shown with examples; the rest get their cou
 
 
 def _best(d: QuantizeDiff) -> str:
-    return render_attributions(d.attributions, d.n_examined, d.unexplained, d.unit)[0]
+    return cause_lines(d)[0]
+
+
+def _field_totals(diffs: list[QuantizeDiff]) -> dict[tuple[str, str], int]:
+    """(field, unit) -> where that field differs over every comparison: comparisons for a
+    per-tensor field, blocks for the others."""
+    totals: dict[tuple[str, str], int] = {}
+    for d in diffs:
+        for c in d.counts:
+            if not c.differ:
+                continue
+            if c.unit == "value":
+                key, n = (c.field, "comparisons"), 1
+            else:
+                key = (c.field, "blocks")
+                n = int(sum(m for kind, m in d.kinds.items() if c.field in kind).sum()) if d.kinds else 0
+            totals[key] = totals.get(key, 0) + n
+    return totals
+
+
+def relation_summary(diffs: list[QuantizeDiff]) -> tuple[list[Relation], int]:
+    """The field relations of several comparisons combined (``relations.combine``), and
+    the differing blocks examined that they state."""
+    if any(d.relations for d in diffs):
+        diffs = [_with_relations(d) for d in diffs]
+    dtypes = tuple(sorted({str(d.x.dtype).removeprefix("torch.") for d in diffs}))
+    found = combine([r for d in diffs for r in d.relations], dtypes, _field_totals(diffs))
+    return found, sum(_n_stated(d) for d in diffs)
+
+
+RELATIONS_SHOWN = 3
 
 
 def summary(diffs: list[QuantizeDiff]) -> list[str]:
@@ -383,7 +497,9 @@ def summary(diffs: list[QuantizeDiff]) -> list[str]:
     ``split_fits``): how many of the differing blocks examined there it reproduces, in how
     many comparisons. A behaviour that is a weaker fit in any comparison it touches is named
     only on a last line, as weaker: it heads nothing, here as in that comparison's text (one
-    exact on a few small inputs and weaker on the rest is not the cause the rest shows)."""
+    exact on a few small inputs and weaker on the rest is not the cause the rest shows).
+    Field relations (``relation_summary``) head the summary where they state more blocks
+    than the best behaviour reproduces; behaviours that reproduce fewer are then weaker."""
     totals: dict[str, list[Any]] = {}
     weaker: dict[str, Behaviour] = {}
     for d in diffs:
@@ -399,17 +515,33 @@ def summary(diffs: list[QuantizeDiff]) -> list[str]:
     examined = sum(d.n_examined for d in diffs)
     unexplained = sum(d.unexplained for d in diffs)
     ranked = sorted(totals.values(), key=lambda t: (-t[1], t[0].key))
-    lines = [f"{rep:,} of the {examined:,} differing blocks examined are reproduced by: {b.describe()} "
-             f"(in {n} of {len(diffs)} comparisons)" for b, rep, n in ranked[:3]]
+    relations, stated = relation_summary(diffs)
+    lines = []
+    if relations and stated > (ranked[0][1] if ranked else 0):
+        lines += [f"field relation: {r.line()}" for r in relations[:RELATIONS_SHOWN]]
+        if len(relations) > RELATIONS_SHOWN:
+            lines.append(f"... {len(relations) - RELATIONS_SHOWN} more field relations (per comparison below)")
+        for t in [t for t in ranked if t[1] < stated]:
+            weaker.setdefault(t[0].key, t[0])
+        ranked = [t for t in ranked if t[1] >= stated]
+        relations = []
+    lines += [f"{rep:,} of the {examined:,} differing blocks examined are reproduced by: {b.describe()} "
+              f"(in {n} of {len(diffs)} comparisons)" for b, rep, n in ranked[:3]]
     if len(ranked) > 3:
         lines.append(f"... {len(ranked) - 3} more behaviours fit some blocks (per comparison below)")
-    only_weaker = [b.title for k, b in weaker.items() if k not in totals]
+    kept = {t[0].key for t in ranked}
+    only_weaker = [b.title for k, b in weaker.items() if k not in kept]
     if only_weaker:
         lines.append("weaker fits, not a cause (they explain fewer blocks or change blocks the kernel gets right): "
                      + "; ".join(only_weaker[:3]) + (f"; and {len(only_weaker) - 3} more" if len(only_weaker) > 3 else ""))
     if unexplained:
         lines.append(f"{unexplained:,} of the {examined:,} differing blocks examined are reproduced by no known "
                      "behaviour")
+    if stated and not relations and stated < examined:  # relations head: what they leave
+        lines.append(f"{examined - stated:,} of the {examined:,} differing blocks examined are stated by no field "
+                     "relation")
+    if unexplained:  # relations that head nothing say what the blocks no behaviour reproduces are
+        lines += [f"field relation: {r.line()}" for r in relations[:RELATIONS_SHOWN]]
     return lines
 
 

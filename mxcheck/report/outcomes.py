@@ -144,7 +144,7 @@ def _params(props: Iterable[tuple[str, Any]]) -> tuple[str, str]:
 
 # Lines of a failure that name its cause (mxcheck.diagnose): kept after the first line, so
 # the JSON, Markdown and HTML reports say what the kernel does, not only where it failed.
-_CAUSE = re.compile(r"are reproduced by|reproduced by no known behaviour|fails at every shape with")
+_CAUSE = re.compile(r"are reproduced by|reproduced by no known behaviour|fails at every shape with|field relation: ")
 CAUSE_LINES = 4
 
 
