@@ -142,6 +142,11 @@ class ValuesDiff:
         return {("values",): self.differing}
 
     examined = explained = fit = None  # every differing block is examined; no per-block explanation kept
+    # Field relations (diagnose.relations) are stated on a kernel's fields (codes, scales);
+    # a values comparison has none yet, so the summary's relation step finds nothing here.
+    relations: tuple = ()
+    stated = None
+    counts: tuple = ()
 
     @property
     def kernel(self) -> KernelValues:
