@@ -18,7 +18,7 @@ a few full quantizations per convention found.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -53,31 +53,48 @@ CONFIRMED = 3  # best screened moves run on every row
 MAX_MOVES = 12  # conventions and failures a fit may combine
 
 
+# Per element: a candidate's dequantized values differ from a values kernel's (the values
+# contract's judgement, which the caller supplies: conformance.fitting.values_differ).
+ValuesJudge = Callable[[Any, torch.Tensor], torch.Tensor]
+
+
 @dataclass
 class FitCase:
-    """One comparison a fit must reproduce: the input, its spec, the oracle's and the
-    kernel's tensors (the oracle's type)."""
+    """One comparison a fit must reproduce: the input, its spec, the oracle's tensor and the
+    kernel's: a tensor of the oracle's type (codes), or with ``values_differ`` the kernel's
+    dequantized values, shaped like ``x`` (a fake-quant kernel)."""
 
     x: torch.Tensor
     spec: OperandSpec
     oracle: Any
     kernel: Any
     label: str = ""
+    values_differ: ValuesJudge | None = None
     ids: torch.Tensor = field(init=False)
     n_blocks: int = field(init=False)
     oracle_ok: torch.Tensor = field(init=False)  # per block: the oracle equals the kernel
 
     def __post_init__(self) -> None:
-        self.x, self.oracle, self.kernel = self.x.detach().cpu(), _cpu(self.oracle), _cpu(self.kernel)
+        self.x, self.oracle = self.x.detach().cpu(), _cpu(self.oracle)
+        self.kernel = self.kernel.detach().cpu() if isinstance(self.kernel, torch.Tensor) else _cpu(self.kernel)
+        if (self.values_differ is None) == isinstance(self.kernel, torch.Tensor):
+            raise TypeError(f"kernel of {self.label or 'the comparison'} is a {type(self.kernel).__name__}: "
+                            "expected a quantized tensor, or values (a tensor) with values_differ")
         _, self.ids, self.n_blocks = _block_ids(self.oracle)
-        ok = _matches(self.oracle, self.kernel, self.ids, self.n_blocks)
+        ok = _matches(self.oracle, self.kernel, self.ids, self.n_blocks, self.values_differ)
         if ok is None:
             raise ValueError(f"kernel tensor of {self.label or 'the comparison'} has another layout than the oracle's")
         self.oracle_ok = ok
 
 
-def _matches(q: Any, kernel: Any, ids: torch.Tensor, n: int) -> torch.Tensor | None:
-    """Per block: q's bits equal the kernel's in every field (None: another layout)."""
+def _matches(q: Any, kernel: Any, ids: torch.Tensor, n: int, values_differ: ValuesJudge | None = None,
+             ) -> torch.Tensor | None:
+    """Per block: q's bits equal the kernel's in every field, or with ``values_differ`` q's
+    values equal the kernel's values (None: another layout)."""
+    if values_differ is not None:
+        if tuple(kernel.shape) != tuple(ids.shape):
+            return None
+        return ~_per_block(values_differ(q, kernel), ids, n)
     diffs = _element_diffs(q, kernel, compared_fields(kernel))
     if isinstance(diffs, str):
         return None
@@ -141,20 +158,22 @@ class _View:
     kernel: Any
     ids: torch.Tensor
     n: int
+    values_differ: ValuesJudge | None
 
 
 def _view(case: FitCase, rows: torch.Tensor | None) -> _View:
     if rows is None:
-        return _View(case.x, case.spec, case.kernel, case.ids, case.n_blocks)
+        return _View(case.x, case.spec, case.kernel, case.ids, case.n_blocks, case.values_differ)
     oracle = _take_rows(case.oracle, rows)
     _, ids, n = _block_ids(oracle)
-    return _View(case.x[rows], case.spec, _take_rows(case.kernel, rows), ids, n)
+    kernel = case.kernel[rows] if isinstance(case.kernel, torch.Tensor) else _take_rows(case.kernel, rows)
+    return _View(case.x[rows], case.spec, kernel, ids, n, case.values_differ)
 
 
 def _score(base: AnyProfile, state: _State, v: _View) -> torch.Tensor | None:
     """Per block of the view: the candidate equals the kernel."""
     q = _candidate(base, state, v.x, v.spec)
-    return None if q is None else _matches(_cpu(q), v.kernel, v.ids, v.n)
+    return None if q is None else _matches(_cpu(q), v.kernel, v.ids, v.n, v.values_differ)
 
 
 def profile_fields(p: AnyProfile) -> dict[str, Any]:
