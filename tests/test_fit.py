@@ -328,3 +328,29 @@ def test_the_fit_cli_prints_a_refusal_as_a_declared_skip_not_a_crash(capsys):
     assert code == 1 and not err, err
     assert "mxfp8 x_row+w_row: refused by the backend (declared), not fitted: x_row, " in out, out
     assert "no quantizer for this spec here" in out and "nothing was fitted" in out, out
+
+
+class EvenRuleValues:
+    """A fake-quant kernel (values only): the even scale rule at e2m1's 1-bit mantissa on every
+    MX operand (``bad-even-mantissa``), returned as float32 values."""
+
+    name = "even-rule-values"
+
+    def __init__(self):
+        self.codes = KNOWN_BAD["bad-even-mantissa"]()
+
+    def available(self):
+        return True, ""
+
+    def supports(self, recipe):
+        return True, ""
+
+    def fake_quantize(self, x, spec, **kw):
+        return self.codes.quantize(x, spec, **kw).dequantize()
+
+
+def test_fit_on_a_values_backend_names_the_even_rule_with_residual_0():
+    (found,) = fit_backend(EvenRuleValues(), RECIPES["mxfp8"], operands=("x_row",),
+                           inputs=("bf16", "amax"))
+    assert found.fit.fields == {"scale_rule": "even", "scale_mbits": 1}, found.fit.text()
+    assert found.fit.residual == 0 and found.fit.differing > 0, found.fit.text()

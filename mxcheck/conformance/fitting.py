@@ -30,7 +30,7 @@ from mxcheck.diagnose.fit import Fit, FitCase, fit
 from mxcheck.gemm import quantize_operand
 from mxcheck.recipes import OperandSpec, Recipe
 
-__all__ = ["OperandFit", "fit_backend", "fit_cases", "kernel_result", "values_attributions", "values_differ",
+__all__ = ["OperandFit", "fit_backend", "fit_cases", "kernel_result", "values_differ",
            "values_failure"]
 
 OPERANDS = ("x_row", "w_row")
@@ -51,18 +51,6 @@ def values_differ(candidate: Any, got: torch.Tensor) -> torch.Tensor:
 
 def _as_ints(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
-
-
-def values_attributions(operand: str, label: str, spec: OperandSpec, x: torch.Tensor, oracle: Any,
-                        got: torch.Tensor) -> tuple[list[Any], int]:
-    """(the catalogue behaviours the values attribution names for ``got``, differing blocks)."""
-    from mxcheck.conformance.values import ValuesDiff, attribute_values, oracle_values, same_nans  # noqa: PLC0415
-    from mxcheck.diagnose.catalogue import QUANTIZE_BEHAVIOURS  # noqa: PLC0415
-
-    want = oracle_values(oracle, got.dtype)
-    d = ValuesDiff(operand, label, spec, x, oracle, want, same_nans(got, want))
-    attribute_values(d, QUANTIZE_BEHAVIOURS)
-    return d.attributions, len(d.differing_blocks())
 
 
 def values_failure(backend: Any, recipe: Recipe, operand: str, x: torch.Tensor, label: str) -> str | None:
