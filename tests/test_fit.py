@@ -354,3 +354,34 @@ def test_fit_on_a_values_backend_names_the_even_rule_with_residual_0():
                            inputs=("bf16", "amax"))
     assert found.fit.fields == {"scale_rule": "even", "scale_mbits": 1}, found.fit.text()
     assert found.fit.residual == 0 and found.fit.differing > 0, found.fit.text()
+
+
+def _zero_sign_cases():
+    """Comparisons of a kernel whose only convention is every zero code +0 (the zero code's
+    sign), on inputs with no Inf and no amax a float32 ulp under a power of two."""
+    from mxcheck.diagnose.catalogue import spec_profile
+
+    recipe = RECIPES["mxfp8"]
+    base = spec_profile(recipe.x_row, torch.zeros(1, 32))
+    backend = ProfileBackend(replace(base, name="zero-sign-never", zero_sign="never"))
+    (cases,) = fit_cases(backend, recipe, torch.Generator().manual_seed(0), operands=("x_row",),
+                         inputs=("bf16", "neg-zero")).values()
+    return base, cases
+
+
+def _conventions(*pairs):
+    from mxcheck.diagnose.catalogue import CONVENTIONS, Profile
+
+    return tuple(next(c for c in CONVENTIONS if c.kind is Profile and (c.field, c.value) == p) for p in pairs)
+
+
+def test_the_fit_names_one_convention_where_it_explains_every_block_not_a_combination():
+    """Issue 42: a fit that starts from another comparison's three conventions (a float32
+    log2, the Inf byte 255, the zero code's sign) on blocks that only the zero code's sign
+    tells apart names that one convention: each other member changes nothing here."""
+    base, cases = _zero_sign_cases()
+    three = _conventions(("exponent_source", "log2_fp32"), ("inf_amax_byte", 255), ("zero_sign", "never"))
+    start = Fit(base, three, (), 0, 0, 0, 0, 0)
+    f = fit(cases, start)
+    assert f.residual == 0 and f.differing > 0, f.text()
+    assert f.fields == {"zero_sign": "never"} and f.size == 1, f.text()

@@ -8,7 +8,9 @@ or drops one failure (``catalogue.FAILURES``, applied to the candidate's tensor 
 catalogue's order). The score of a candidate is the number of blocks whose every field
 equals the kernel's (NaN payloads aside): blocks reproduced, minus blocks the kernel gets
 right that the candidate breaks. The best move is taken while it raises the score, so a
-fit combines as many conventions as the kernel has, not pairs.
+fit combines as many conventions as the kernel has, not pairs. Then the fewest are kept
+(``_fewest``): a member whose dropping loses no block goes, and one convention alone that
+reproduces as many blocks beats a combination; attribution names what the fit keeps.
 
 Moves are screened on a few rows (those the current candidate gets wrong, and the anchor
 rows that keep a tensor-wide amax) and the best few confirmed on every row, so a fit costs
@@ -308,7 +310,46 @@ def fit(cases: Sequence[FitCase], start: Fit | None = None) -> Fit | None:
         if best is None:
             break
         state, oks = best, best_oks
+    state, oks = _fewest(base, state, cases, oks)
     return _result(base, state, cases, oks)
+
+
+def _matched(oks: list[torch.Tensor]) -> int:
+    return sum(int(ok.sum()) for ok in oks)
+
+
+def _fewest(base: AnyProfile, state: _State, cases: Sequence[FitCase],
+            oks: list[torch.Tensor]) -> tuple[_State, list[torch.Tensor]]:
+    """The fewest conventions and failures that reproduce as many blocks: a member whose
+    dropping loses no block is dropped (a combination is named only where every member is
+    needed: a fit that started from another comparison's keeps members this one does not
+    need), and one convention or failure alone that reproduces as many blocks beats a
+    combination (screened on a few rows first, as moves are)."""
+    whole = [_view(c, None) for c in cases]
+    dropped = True
+    while dropped and state.size > 1:
+        dropped = False
+        for member in (*state.conventions, *state.failures):
+            fewer = state.without(member)
+            full = [_score(base, fewer, v) for v in whole]
+            if all(f is not None for f in full) and _matched(full) >= _matched(oks):
+                state, oks, dropped = fewer, full, True
+                break
+    if state.size <= 1:
+        return state, oks
+    views = [_view(c, _screen_rows(c, ok)) for c, ok in zip(cases, oks, strict=True)]
+    now = [_score(base, state, v) for v in views]
+    if any(n is None for n in now):
+        return state, oks
+    singles = [m for m in _moves(base, _State()) if m.size == 1]
+    for single in singles:  # CONVENTIONS order, then FAILURES: the first of equals wins
+        got = [_score(base, single, v) for v in views]
+        if any(g is None for g in got) or _matched(got) < _matched(now):
+            continue
+        full = [_score(base, single, v) for v in whole]
+        if all(f is not None for f in full) and _matched(full) >= _matched(oks):
+            return single, full
+    return state, oks
 
 
 def _result(base: AnyProfile, state: _State, cases: Sequence[FitCase], oks: list[torch.Tensor]) -> Fit:
