@@ -103,7 +103,7 @@ def known_behaviours(keys: Sequence[str | Behaviour]) -> tuple[Behaviour, ...]:
         if bad:
             quantize = [k for k, b in CATALOGUE.items() if b.level == "quantize"]
             raise ValueError(f"known={bad[0]!r} is not a quantize behaviour of the catalogue"
-                             f"{did_you_mean(bad[0], quantize)} (mxcheck about lists them)")
+                             f"{did_you_mean(bad[0], quantize)} (the keys of mxcheck.diagnose.CATALOGUE at level quantize)")
         both = CATALOGUE[parts[0]] if len(parts) == 1 else combined(*(CATALOGUE[p] for p in parts))
         if both is None:
             raise ValueError(f"known={key!r}: these behaviours do not combine (two kinds, or one field at two values)")
