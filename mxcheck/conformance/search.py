@@ -195,12 +195,9 @@ def _search(hypothesis: Any, factory: Callable[[], Any], recipe: Recipe, seconds
 
     def settle(prop: str) -> None:
         """Report ``best[prop]``, named by its cause; take the cause as known and search on, or
-        end the property where there is none (or it was known already: it cannot be moved past)."""
+        end the property where there is none (a finding cannot be moved past without one)."""
         f = best.pop(prop)
-        cause = cause_of(factory(), recipe, f.case, known[prop])
-        if cause is not None and any(c.key == cause.key for c in known[prop]):
-            live.pop(prop, None)  # the known behaviour does not reproduce this input: nothing new to take
-            cause = None
+        cause = cause_of(factory(), recipe, f.case, known[prop])  # never one known already
         result.findings.append(replace(f, cause=cause, known=tuple(b.key for b in known[prop])))
         if cause is None or (stop_after is not None and sum(g.prop == prop for g in result.findings) >= stop_after):
             live.pop(prop, None)

@@ -327,14 +327,14 @@ def _broader(x: torch.Tensor) -> list[torch.Tensor]:
 
 def _wrong(j: _Quantized, candidate: tuple[Behaviour, Behaviour]) -> int:
     """Where a candidate (b, b with the known behaviours) applied to the oracle's own tensor
-    does not give the kernel's: elements of values, blocks of codes (all of them where b
-    does not apply)."""
+    does not give the kernel's: elements of values, blocks of codes (every element where b
+    cannot take the input)."""
     try:
         q = candidate[1].run(j.x, j.spec, j.plain)
-    except (ValueError, TypeError, RuntimeError):
-        q = None
-    if q is None:
+    except (ValueError, TypeError, RuntimeError):  # an input or layout it cannot take: it reproduces nothing
         return j.x.numel()
+    if q is None:  # it changes nothing on this input
+        q = j.oracle
     if j.values:
         return int(values_differ(q, j.kernel).sum())
     d = diagnose_quantize.compare_quantized(j.x, j.spec, q, j.kernel)

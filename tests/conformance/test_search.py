@@ -346,7 +346,7 @@ class _ZeroBlock127AndInfBlock127(KNOWN_BAD["bad-inf-block-127"]):
 
 
 TWO_BUGS = "tests.conformance.test_search:_ZeroBlock127AndInfBlock127"
-INF_CAUSES = ("inf_block_byte_127", "special_zeroes_block", "special_zeroes_block_signed")
+INF_CAUSES = ("inf_block_byte_127",)  # the NaN among the broader inputs tells it from special_zeroes_block
 
 
 def _two_bug_search(recipe: str = "mxfp8", **kw):
