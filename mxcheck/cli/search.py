@@ -50,7 +50,7 @@ def add_search_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--known", action="append", default=[], metavar="BEHAVIOUR",
                    help="a catalogue behaviour the kernel is known to have (repeatable; 'a & b' for a "
                         "combination): the quantize property takes it as the oracle's own and looks for what "
-                        "is left. Default: none")
+                        "is left. Default: %(default)r")
 
 
 def search_args(p: argparse.ArgumentParser) -> None:

@@ -147,7 +147,7 @@ def test_bad_arguments_name_the_value():
 
 
 def test_the_cli_writes_the_reproducer_and_exits_1(tmp_path, capsys):
-    code, out, _ = run_cli(capsys, "search", "--backend", "bad-trunc", "--recipe", "mxfp4", "--seconds", "60",
+    code, out, _ = run_cli(capsys, "search", "--backend", "bad-trunc", "--recipe", "mxfp4", "--seconds", "5",
                            "--properties", "quantize", "--out", tmp_path)
     assert code == 1
     assert "reproducer: python" in out and "1 nonzero values" in out
