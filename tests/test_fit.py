@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from mxcheck.assertions import NumericsError
+from mxcheck.backends.contract import Refusal
 from mxcheck.backends.emulated import EmulatedBackend
 from mxcheck.backends.known_bad import KNOWN_BAD
 from mxcheck.conformance import CHECKS
@@ -258,3 +259,129 @@ def test_poison_padding_counts_and_shows_blocks_as_the_quantize_check_does():
     assert found and 0 < int(found[1]) < int(found[2]), message
     assert re.search(r"scales: kernel 0xff \(NaN\) \| oracle 0x[0-9a-f]{2} \(2\^-?\d+\)", message), message
     assert f"{found[1]} of {found[1]} differing blocks are reproduced by no known behaviour" in message, message
+
+
+class _OnMetaOnly(EmulatedBackend):
+    """A kernel that reads only tensors on its device, as a Triton kernel reads no CPU pointer
+    ("meta" stands for "cuda" on a CPU runner): it raises on any other device and records
+    where each input was. Knowing no data, it returns the oracle's quantization of zeros."""
+
+    name = "on-meta-only"
+    device = "meta"
+
+    def __init__(self):
+        self.seen = []
+
+    def quantize(self, x, spec, **kw):
+        self.seen.append(x.device.type)
+        if x.device.type != "meta":
+            raise RuntimeError(f"Pointer argument (at 0) cannot be accessed from Triton ({x.device.type} tensor?)")
+        return super().quantize(torch.zeros(x.shape, dtype=x.dtype), spec, **kw)
+
+
+def test_fit_runs_the_backend_on_its_device_and_the_oracle_on_the_cpu():
+    backend = _OnMetaOnly()
+    recipe = RECIPES["mxfp8"]
+    cases = fit_cases(backend, recipe, torch.Generator().manual_seed(0), rows=32, cols=64, operands=("x_row",),
+                      inputs=("zeros",))
+    (group,) = cases.values()
+    assert backend.seen and set(backend.seen) == {"meta"}, backend.seen
+    for case in group:  # the oracle quantized the real (CPU) input; the kernel's result came back
+        assert case.oracle.codes.device.type == case.kernel.codes.device.type == "cpu"
+        from mxcheck.gemm import quantize_operand
+
+        assert torch.equal(case.oracle.scales, quantize_operand(case.x, case.spec).scales), case.label
+    (found,) = fit_backend(_OnMetaOnly(), recipe, rows=32, cols=64, operands=("x_row",), inputs=("zeros",))
+    assert found.fit is not None and not found.refused
+
+
+class _RefusesTiles(EmulatedBackend):
+    """Quantizes 1D blocks as the oracle and refuses 2D tiles (as AITER's quantizer does)."""
+
+    name = "refuses-tiles"
+
+    def quantize(self, x, spec, **kw):
+        if spec.block_2d:
+            raise Refusal("this quantizer quantizes 1x32 blocks only; the spec has block_2d=True")
+        return super().quantize(x, spec, **kw)
+
+
+class _RefusesEverything(EmulatedBackend):
+    name = "refuses-everything"
+
+    def quantize(self, x, spec, **kw):
+        raise Refusal("no quantizer for this spec here")
+
+
+def test_a_refusal_inside_the_fit_is_a_declared_skip_of_that_spec():
+    fits = fit_backend(_RefusesTiles(), RECIPES["mxfp4"], rows=32, cols=64, inputs=("zeros",))
+    by_operand = {f.operands: f for f in fits}
+    assert by_operand[("w_row",)].refused.startswith("w_row, zeros")
+    assert "block_2d=True" in by_operand[("w_row",)].refused and by_operand[("w_row",)].fit is None
+    assert not by_operand[("x_row",)].refused
+
+
+def test_the_fit_cli_prints_a_refusal_as_a_declared_skip_not_a_crash(capsys):
+    from tests._helpers import run_cli
+
+    code, out, err = run_cli(capsys, "fit", "--backend", "tests.test_fit:_RefusesEverything", "--recipe", "mxfp8")
+    assert code == 1 and not err, err
+    assert "mxfp8 x_row+w_row: refused by the backend (declared), not fitted: x_row, " in out, out
+    assert "no quantizer for this spec here" in out and "nothing was fitted" in out, out
+
+
+class EvenRuleValues:
+    """A fake-quant kernel (values only): the even scale rule at e2m1's 1-bit mantissa on every
+    MX operand (``bad-even-mantissa``), returned as float32 values."""
+
+    name = "even-rule-values"
+
+    def __init__(self):
+        self.codes = KNOWN_BAD["bad-even-mantissa"]()
+
+    def available(self):
+        return True, ""
+
+    def supports(self, recipe):
+        return True, ""
+
+    def fake_quantize(self, x, spec, **kw):
+        return self.codes.quantize(x, spec, **kw).dequantize()
+
+
+def test_fit_on_a_values_backend_names_the_even_rule_with_residual_0():
+    (found,) = fit_backend(EvenRuleValues(), RECIPES["mxfp8"], operands=("x_row",),
+                           inputs=("bf16", "amax"))
+    assert found.fit.fields == {"scale_rule": "even", "scale_mbits": 1}, found.fit.text()
+    assert found.fit.residual == 0 and found.fit.differing > 0, found.fit.text()
+
+
+def _zero_sign_cases():
+    """Comparisons of a kernel whose only convention is every zero code +0 (the zero code's
+    sign), on inputs with no Inf and no amax a float32 ulp under a power of two."""
+    from mxcheck.diagnose.catalogue import spec_profile
+
+    recipe = RECIPES["mxfp8"]
+    base = spec_profile(recipe.x_row, torch.zeros(1, 32))
+    backend = ProfileBackend(replace(base, name="zero-sign-never", zero_sign="never"))
+    (cases,) = fit_cases(backend, recipe, torch.Generator().manual_seed(0), operands=("x_row",),
+                         inputs=("bf16", "neg-zero")).values()
+    return base, cases
+
+
+def _conventions(*pairs):
+    from mxcheck.diagnose.catalogue import CONVENTIONS, Profile
+
+    return tuple(next(c for c in CONVENTIONS if c.kind is Profile and (c.field, c.value) == p) for p in pairs)
+
+
+def test_the_fit_names_one_convention_where_it_explains_every_block_not_a_combination():
+    """Issue 42: a fit that starts from another comparison's three conventions (a float32
+    log2, the Inf byte 255, the zero code's sign) on blocks that only the zero code's sign
+    tells apart names that one convention: each other member changes nothing here."""
+    base, cases = _zero_sign_cases()
+    three = _conventions(("exponent_source", "log2_fp32"), ("inf_amax_byte", 255), ("zero_sign", "never"))
+    start = Fit(base, three, (), 0, 0, 0, 0, 0)
+    f = fit(cases, start)
+    assert f.residual == 0 and f.differing > 0, f.text()
+    assert f.fields == {"zero_sign": "never"} and f.size == 1, f.text()

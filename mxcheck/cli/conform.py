@@ -103,14 +103,18 @@ def run_conform(args: argparse.Namespace) -> int:
     return code
 
 
-def _search_recipes(args: argparse.Namespace) -> list[str]:
-    """The recipes ``--search`` runs on: --recipe's, else the first backend's declared claims.
-    A backend that claims nothing is searched on no recipe: name one with --recipe."""
-    if args.recipe:
-        return list(args.recipe)
-    from mxcheck.cli.search import backend_factory  # noqa: PLC0415
+def _search_recipes(args: argparse.Namespace) -> list[Any]:
+    """The recipes ``--search`` runs on: --recipe's (names, files, FILE@PROFILE), else the
+    first backend's declared claims, each resolved here so that one that is not known is a
+    usage error before the suite runs. A backend that claims nothing is searched on no
+    recipe: name one with --recipe."""
+    from mxcheck.cli.search import backend_factory, resolve_search_recipes  # noqa: PLC0415
 
-    claims = getattr(backend_factory(args.backend[0])[1](), "claims", None)
-    if not claims:
-        raise CommandError("--search needs a recipe: give --recipe NAME (the backend declares no claims)")
-    return [c if isinstance(c, str) else c.name for c in claims]
+    if args.recipe:
+        names = list(args.recipe)
+    else:
+        names = list(getattr(backend_factory(args.backend[0])[1](), "claims", None) or [])
+        if not names:
+            raise CommandError("--search needs a recipe: give --recipe NAME (the backend declares no claims)")
+    resolve_search_recipes(names)
+    return names

@@ -1,10 +1,12 @@
 """``mxcheck fit``: the profile that reproduces a backend's quantizer, and a recipe file pinning it.
 
 It quantizes the quantize check's inputs (every input family and tensor dtype) with the
-backend and the oracle, fits one profile per operand spec of x_row and w_row
+backend (on its device; codes from ``quantize``, else values from ``fake_quantize``) and the
+oracle, fits one profile per operand spec of x_row and w_row
 (``mxcheck.diagnose.fit``), prints each as ``NAME = profile(field=value, ...) + residual N
 blocks``, and with ``--write`` writes a recipe file whose x_row and w_row state the fitted
-profile inline: ``mxcheck conform --recipe FILE`` then gates on the residual alone.
+profile inline: ``mxcheck conform --recipe FILE`` then gates on the residual alone. A spec
+the backend refuses (``Refusal``) is printed as a declared skip with its reason.
 """
 
 from __future__ import annotations
@@ -75,6 +77,9 @@ def run_fit(args: argparse.Namespace) -> int:
         backend = backends.get(args.backend)
     except (ValueError, TypeError, ImportError) as e:
         raise CommandError(str(e)) from None
+    if why := _not_here(backend, recipe):
+        out(f"mxcheck fit: backend {args.backend}: {why}; nothing was fitted\n")
+        return 1
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # many small quantizations: threads only wait on each other
     try:
@@ -86,9 +91,13 @@ def run_fit(args: argparse.Namespace) -> int:
     rows = []
     for f in fits:
         name = f"{recipe.name} {'+'.join(f.operands)}"
-        text = f.fit.text(name) if f.fit is not None else f"{name}: profiles cannot model this spec (2D tiles, " \
-            "padding, SR or a scaling with no profile kind)"
-        rows.append({"operands": list(f.operands), "text": text,
+        if f.refused:
+            text = f"{name}: refused by the backend (declared), not fitted: {f.refused}"
+        elif f.fit is None:
+            text = f"{name}: profiles cannot model this spec (2D tiles, padding, SR or a scaling with no profile kind)"
+        else:
+            text = f.fit.text(name)
+        rows.append({"operands": list(f.operands), "text": text, "refused": f.refused or None,
                      "fields": None if f.fit is None else {k: v for k, v in f.fit.fields.items()},
                      "failures": None if f.fit is None else [b.key for b in f.fit.failures],
                      "residual": None if f.fit is None else f.fit.residual,
@@ -102,4 +111,21 @@ def run_fit(args: argparse.Namespace) -> int:
         out("".join(r["text"] + "\n" for r in rows) + f"({cpu:.1f} s CPU)\n")
         if args.write:
             out(f"wrote {args.write}\n")
+    if all(f.refused for f in fits):  # a backend that refused everything must not read as fitted
+        out("mxcheck fit: nothing was fitted (the backend refused every operand spec; the reasons are above)\n")
+        return 1
     return 0
+
+
+def _not_here(backend: Any, recipe: Any) -> str:
+    """Why the backend cannot be fitted on ``recipe`` here (unavailable, unsupported, no
+    quantizer), or ""."""
+    ok, why = backend.available() if hasattr(backend, "available") else (True, "")
+    if not ok:
+        return f"not available here ({why or 'no reason given'})"
+    ok, why = backend.supports(recipe) if hasattr(backend, "supports") else (True, "")
+    if not ok:
+        return f"does not support recipe {recipe.name} ({why or 'no reason given'})"
+    if not hasattr(backend, "quantize") and not hasattr(backend, "fake_quantize"):
+        return "has neither quantize nor fake_quantize"
+    return ""

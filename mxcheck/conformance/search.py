@@ -1,22 +1,19 @@
-"""A search for the smallest input on which a backend differs from the oracle (Hypothesis).
+"""A search for the smallest inputs on which a backend differs from the oracle (Hypothesis).
 
-Three properties, each the oracle's own judgement of one entry point of the Backend
-protocol, on inputs Hypothesis builds (``conformance.search_inputs``):
+The properties (``quantize``, ``gemm``, ``linear``) are the oracle's own judgement of one
+input, in ``conformance.search_judge``. Hypothesis drives them on inputs built so that
+shrinking simplifies them (``conformance.search_inputs``) and shrinks a failure toward one
+block, the fewest nonzero values and the simplest magnitudes; :func:`judge` then explains it
+as the checks do (counts, blocks, causes), and ``conformance.search_repro`` writes it as a
+script that runs alone.
 
-- ``quantize``: the backend's quantization of x_row or w_row equals the oracle's bit for bit,
-  every field of the contract (``diagnose.quantize.compare_quantized``, as check_quantize);
-- ``gemm``: the backend's GEMM of the oracle's quantized operands lies inside the
-  fp32-accumulation bound of their exact GEMM (``diagnose.outputs``, as check_gemm);
-- ``linear``: the backend's forward (after one call with another weight, as
-  check_weight_change) lies inside the same bound around the exact GEMM of the oracle's
-  quantized x_row and w_row plus the bias; NaN where the exact output is NaN (check_nan).
-
-An output is judged only where the oracle's own float32 GEMM lies inside the bound: where
-float32 overflows on the way (a partial sum past 2^128), no float32 kernel is held to it.
-
-Hypothesis shrinks a failing input toward one block, the fewest nonzero values and the
-simplest magnitudes; :func:`judge` then explains it as the checks do (counts, blocks,
-causes), and ``conformance.search_repro`` writes it as a script that runs alone.
+A search goes past its first finding. A quantize finding shrunk to one block whose cause
+one catalogue behaviour reproduces exactly is taken as *known* (the oracle with it applied
+is what the kernel must equal from then on), and the property searches on for the next
+one; a finding with no such cause, or of the gemm or linear property, ends its property.
+So one run reports every distinct finding it reaches in its time, each once. What is known
+already can be given: ``known`` (catalogue behaviours), or a recipe file whose profile
+states the kernel's conventions (``mxcheck fit --write``).
 Hypothesis is imported only when a search runs (the ``search`` extra).
 """
 
@@ -30,20 +27,14 @@ from typing import Any
 
 import torch
 
-from mxcheck.backends.contract import Refusal
-from mxcheck.conformance._common import _Reference, fresh_state, gemm_out_dtype, linear_of
 from mxcheck.conformance.search_inputs import Case, Geometry, cases, geometry_of, size_of
-from mxcheck.diagnose import quantize as diagnose_quantize
-from mxcheck.diagnose.catalogue import QUANTIZE_BEHAVIOURS
-from mxcheck.diagnose.linear import LinearCase, explain_linear
-from mxcheck.diagnose.outputs import exact_and_bound, gemm_mismatch, outside_bound
-from mxcheck.gemm import emulated_gemm, quantize_operand
-from mxcheck.recipes import Recipe, get_recipe
-from mxcheck.rng import seeded_default_rng
+from mxcheck.conformance.search_judge import PROPERTIES, cause_of, judge, known_behaviours, name_of
+from mxcheck.diagnose.behaviour import Behaviour
+from mxcheck.recipe_files import resolve_recipe
+from mxcheck.recipes import Recipe
 
 __all__ = ["PROPERTIES", "Finding", "SearchResult", "judge", "require_hypothesis", "search"]
 
-PROPERTIES = ("quantize", "gemm", "linear")
 FIRST_TURN = 5  # examples of a property's first turn, before its rate is known
 CHUNK = 40  # examples per Hypothesis run; the properties take turns, chunk by chunk, until the time is up
 INSTALL_HINT = "pip install hypothesis (or pip install 'mxcheck[search]')"
@@ -59,134 +50,16 @@ def require_hypothesis() -> Any:
     return hypothesis
 
 
-# ---- the properties: None when the backend agrees, else what differs ----------------------------
-
-_INVALID = "invalid"  # the oracle cannot take the input, or the backend refused it (declared): no verdict
-
-
-class _Invalid(Exception):
-    pass
-
-
-def _oracle(fn: Callable[[], Any]) -> Any:
-    try:
-        return fn()
-    except ValueError as e:  # the oracle's argument check: an input it cannot quantize
-        raise _Invalid(str(e)) from e
-
-
-def _call(what: str, fn: Callable[[], Any]) -> Any:
-    """The backend's call; a Refusal is no verdict, any other exception is the finding."""
-    try:
-        return fn()
-    except Refusal as e:
-        raise _Invalid(str(e)) from e
-
-
-def _judge_quantize(backend: Any, recipe: Recipe, case: Case, explain: bool) -> str | None:
-    x, spec = case.tensors["x"], recipe.spec(case.operand)
-    ours = _oracle(lambda: quantize_operand(x, spec, **fresh_state(recipe, case.operand)))
-    theirs = _call("quantize", lambda: backend.quantize(x, spec, **fresh_state(recipe, case.operand)))
-    d = diagnose_quantize.compare_quantized(x, spec, ours, theirs, operand=case.operand, label=case.label)
-    if not d.problem and not d.n_differing:
-        return None
-    if not explain:
-        return "differs"
-    diagnose_quantize.attribute(d, QUANTIZE_BEHAVIOURS)
-    return diagnose_quantize.report([d], 1, f"quantize of recipe {recipe.name}, backend {_name(backend)}")
-
-
-def _outside(got: torch.Tensor, exact: torch.Tensor, bound: torch.Tensor) -> torch.Tensor:
-    """outside_bound, where a NaN exact output wants NaN and an infinite one the same Inf."""
-    finite = torch.isfinite(exact)
-    same_special = (exact.isnan() & got.double().isnan()) | (got.double() == exact)
-    return torch.where(finite, outside_bound(got, exact, bound), ~same_special)
-
-
-def _judged_outside(got: torch.Tensor, oracle: torch.Tensor, exact: torch.Tensor,
-                    bound: torch.Tensor) -> torch.Tensor:
-    """Outputs of ``got`` outside the bound, among those where the oracle's own float32 path
-    lies inside it. Where it does not, float32 itself overflows or underflows on the way (a
-    scale product past 2^127, an all-zero NVFP4 tensor's 0/0 tensor scale): the bound does
-    not hold for any float32 kernel there, so those outputs are not judged."""
-    return _outside(got, exact, bound) & ~_outside(oracle, exact, bound)
-
-
-def _operands(recipe: Recipe, x: torch.Tensor, w: torch.Tensor) -> tuple[Any, Any]:
-    return _oracle(lambda: (quantize_operand(x, recipe.x_row, **fresh_state(recipe, "x_row")),
-                            quantize_operand(w, recipe.w_row, **fresh_state(recipe, "w_row"))))
-
-
-def _judge_gemm(backend: Any, recipe: Recipe, case: Case, explain: bool) -> str | None:
-    a, b = _operands(recipe, case.tensors["a"], case.tensors["b"])
-    out_dtype = gemm_out_dtype(backend)
-    got = _call("gemm", lambda: backend.gemm(a, b, out_dtype=out_dtype))
-    what = f"gemm of recipe {recipe.name} at {case.label}"
-    exact, bound = exact_and_bound(a, b)
-    if tuple(got.shape) != tuple(exact.shape):
-        return f"{what}: result shape {tuple(got.shape)}, expected {tuple(exact.shape)}"
-    bad = _judged_outside(got, emulated_gemm(a, b, out_dtype=out_dtype), exact, bound)
-    if not bool(bad.any()):
-        return None
-    return gemm_mismatch(what, got, a, b, exact, bound, bad, explain=True) if explain else "differs"
-
-
-def _judge_linear(backend: Any, recipe: Recipe, case: Case, explain: bool) -> str | None:
-    x, w, bias = case.tensors["x"], case.tensors["w"], case.tensors["b"]
-    a, b = _operands(recipe, x, w)
-    linear, reference = linear_of(backend), linear_of(_Reference())
-    with torch.no_grad(), seeded_default_rng(0):
-        _call("linear", lambda: linear(x, w * 2, bias, recipe))  # a call before, with another weight
-        y = _call("linear", lambda: linear(x, w, bias, recipe))
-        oracle = _oracle(lambda: reference(x, w, bias, recipe))
-    what = f"linear forward of recipe {recipe.name} at {case.label} (after a call with twice the weight)"
-    exact, bound = exact_and_bound(a, b)
-    exact = exact + bias.double()
-    bound = bound + exact.abs() * 2.0**-24  # the bias is added to the float32 accumulator
-    if tuple(y.shape) != tuple(exact.shape):
-        return f"{what}: output shape {tuple(y.shape)}, expected {tuple(exact.shape)}"
-    bad = _judged_outside(y, oracle, exact, bound)
-    if not bool(bad.any()):
-        return None
-    if not explain:
-        return "differs"
-    lines = explain_linear(y, LinearCase(recipe, x, w, bias, previous_w=w * 2))
-    return "\n".join([gemm_mismatch(what, y, a, b, exact, bound, bad, explain=False), *lines])
-
-
-_JUDGES = {"quantize": _judge_quantize, "gemm": _judge_gemm, "linear": _judge_linear}
-
-
-def _name(backend: Any) -> str:
-    return str(getattr(backend, "name", type(backend).__name__))
-
-
-def judge(prop: str, backend: Any, recipe: Recipe | str, tensors: dict[str, torch.Tensor], *,
-          operand: str = "x_row", explain: bool = True) -> str | None:
-    """The property ``prop`` on one input: None when the backend agrees with the oracle (or
-    declares the input refused), else the failure text (``explain``: counts, blocks and
-    causes as the conformance checks write them). A backend exception other than a
-    Refusal is a failure."""
-    if prop not in _JUDGES:
-        raise ValueError(f"prop={prop!r}; expected one of {list(_JUDGES)}")
-    recipe = get_recipe(recipe)
-    case = Case(prop, operand, tensors)
-    try:
-        return _JUDGES[prop](backend, recipe, case, explain)
-    except _Invalid:
-        return None
-    except Exception as e:  # no silent green: the backend raised on a valid input
-        return f"{prop} of recipe {recipe.name} at {case.label}: the backend raised {type(e).__name__}: {e}"
-
-
 def _why_not(prop: str, backend: Any, recipe: Recipe) -> str | None:
     """Why ``prop`` cannot run on this backend and recipe, or None."""
-    if prop == "quantize" and not hasattr(backend, "quantize"):
-        return "backend has no quantize"
+    from mxcheck.conformance._common import linear_of  # noqa: PLC0415
+
+    if prop == "quantize" and not hasattr(backend, "quantize") and not hasattr(backend, "fake_quantize"):
+        return "backend has neither quantize nor fake_quantize"
     if prop == "gemm" and not hasattr(backend, "gemm"):
         return "backend has no gemm"
     if prop == "linear" and linear_of(backend) is None:
-        return "backend has neither linear nor gemm"
+        return "backend has neither linear, gemm nor fake_quantize"
     if prop in ("gemm", "linear") and "sr" in (recipe.x_row.rounding, recipe.w_row.rounding):
         return f"recipe {recipe.name} rounds a forward operand stochastically (the search compares exact bits)"
     if prop == "quantize" and all(recipe.spec(op).rounding == "sr" for op in ("x_row", "w_row")):
@@ -199,13 +72,18 @@ def _why_not(prop: str, backend: Any, recipe: Recipe) -> str | None:
 
 @dataclass(frozen=True)
 class Finding:
-    """The smallest failing input Hypothesis found for one property, and what differs on it."""
+    """The smallest failing input Hypothesis found for one property, and what differs on it.
+    ``cause``: the one catalogue behaviour that reproduces it exactly (None: none does);
+    ``known``: the behaviours taken as the oracle's own when it was found (the reproducer
+    passes them to ``judge``)."""
 
     prop: str
     case: Case
     message: str
     seconds: float  # from the start of this property's search to the shrunk input
     examples: int  # examples tried up to the find (shrinking included)
+    cause: Behaviour | None = None
+    known: tuple[str, ...] = ()
 
     @property
     def size(self) -> dict[str, Any]:
@@ -221,10 +99,17 @@ class SearchResult:
     examples: dict[str, int] = field(default_factory=dict)  # property -> examples tried
     seconds: dict[str, float] = field(default_factory=dict)  # property -> time spent
     skipped: dict[str, str] = field(default_factory=dict)  # property -> why it did not run
+    refused: dict[str, int] = field(default_factory=dict)  # property -> examples the backend refused
+    refusal: dict[str, str] = field(default_factory=dict)  # property -> the first refusal's reason
+    known: tuple[str, ...] = ()  # behaviours given as known
 
     @property
     def failed(self) -> bool:
         return bool(self.findings)
+
+    def judged(self, prop: str) -> int:
+        """Examples of ``prop`` the backend took (not refused)."""
+        return self.examples.get(prop, 0) - self.refused.get(prop, 0)
 
     def rate(self, prop: str) -> float:
         """Examples per second of ``prop``."""
@@ -251,12 +136,16 @@ def _find(hypothesis: Any, strategy: Any, fails: Callable[[Case], bool], example
 
 def search(factory: Callable[[], Any], recipe: Recipe | str, *, seconds: float, seed: int = 0,
            properties: Sequence[str] = PROPERTIES, chunk: int = CHUNK,
-           max_examples: int | None = None) -> SearchResult:
+           max_examples: int | None = None, known: Sequence[str | Behaviour] = (),
+           stop_after: int | None = None) -> SearchResult:
     """Search each property for ``seconds`` in all (they take turns, ``chunk`` examples at a
-    time, a fresh Hypothesis run with its own seed each turn, until one fails or the time
-    or ``max_examples`` per property is spent). ``factory`` makes the backend; every
-    example gets a fresh one, so a backend that keeps state between calls is judged on
-    each input alone. Deterministic under ``seed`` (the
+    time, a fresh Hypothesis run with its own seed each turn, until the time or
+    ``max_examples`` per property is spent, or every property has ended at a finding it
+    cannot go past). ``factory`` makes the backend; every example gets a fresh one, so a
+    backend that keeps state between calls is judged on each input alone. ``recipe``: a
+    Recipe, a built-in name, a recipe file or FILE@PROFILE; ``known``: catalogue behaviours
+    (keys) the quantize property takes as the oracle's own; ``stop_after``: findings after
+    which a property ends (None: it goes on while it can). Deterministic under ``seed`` (the
     examples tried; how many turns fit in ``seconds`` depends on the machine)."""
     hypothesis = require_hypothesis()
     unknown = [p for p in properties if p not in PROPERTIES]
@@ -264,19 +153,19 @@ def search(factory: Callable[[], Any], recipe: Recipe | str, *, seconds: float, 
         raise ValueError(f"properties={list(properties)!r}; expected a non-empty list of {list(PROPERTIES)}")
     if not seconds > 0:
         raise ValueError(f"seconds={seconds!r}; expected a number of seconds > 0")
-    recipe = get_recipe(recipe)
+    recipe = resolve_recipe(recipe)
+    given = known_behaviours(known)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the inputs are a few blocks: a thread pool costs more than it gives
     try:
-        return _search(hypothesis, factory, recipe, seconds, seed, properties, chunk, max_examples)
+        return _search(hypothesis, factory, recipe, seconds, seed, properties, chunk, max_examples, given, stop_after)
     finally:
         torch.set_num_threads(threads)
 
 
-def _search(hypothesis: Any, factory: Callable[[], Any], recipe: Recipe, seconds: float, seed: int,
-            properties: Sequence[str], chunk: int, max_examples: int | None) -> SearchResult:
-    probe = factory()
-    result = SearchResult(_name(probe), recipe.name, seed)
+def _live(probe: Any, recipe: Recipe, properties: Sequence[str], result: SearchResult) -> dict[str, Geometry]:
+    """The properties that can run on this backend and recipe, with their geometry; the
+    others go to ``result.skipped`` with the reason."""
     live: dict[str, Geometry] = {}
     ok, why_not_here = probe.available() if hasattr(probe, "available") else (True, "")
     if ok and hasattr(probe, "supports"):
@@ -290,13 +179,34 @@ def _search(hypothesis: Any, factory: Callable[[], Any], recipe: Recipe, seconds
             result.skipped[prop] = why or str(geometry)
         else:
             live[prop] = geometry
-            result.examples[prop], result.seconds[prop] = 0, 0.0
+            result.examples[prop], result.seconds[prop], result.refused[prop] = 0, 0.0, 0
+    return live
+
+
+def _search(hypothesis: Any, factory: Callable[[], Any], recipe: Recipe, seconds: float, seed: int,
+            properties: Sequence[str], chunk: int, max_examples: int | None,
+            given: tuple[Behaviour, ...], stop_after: int | None = None) -> SearchResult:
+    result = SearchResult(name_of(factory()), recipe.name, seed, known=tuple(b.key for b in given))
+    live = _live(factory(), recipe, properties, result)
     deadline = time.monotonic() + seconds
     order, turns = list(live), dict.fromkeys(live, 0)
+    known = {p: given if p == "quantize" else () for p in live}
     best: dict[str, Finding] = {}  # a finding over more than one block: searched on for a smaller one
+
+    def settle(prop: str) -> None:
+        """Report ``best[prop]``, named by its cause; take the cause as known and search on, or
+        end the property where there is none (a finding cannot be moved past without one)."""
+        f = best.pop(prop)
+        cause = cause_of(factory(), recipe, f.case, known[prop])  # never one known already
+        result.findings.append(replace(f, cause=cause, known=tuple(b.key for b in known[prop])))
+        if cause is None or (stop_after is not None and sum(g.prop == prop for g in result.findings) >= stop_after):
+            live.pop(prop, None)
+        else:
+            known[prop] = (*known[prop], cause)
+
     while live and time.monotonic() < deadline:
         prop = order[sum(turns.values()) % len(order)]
-        if prop not in live:  # found already: its turn passes
+        if prop not in live:  # ended already: its turn passes
             turns[prop] += 1
             continue
         left = max_examples - result.examples[prop] if max_examples is not None else chunk
@@ -309,12 +219,14 @@ def _search(hypothesis: Any, factory: Callable[[], Any], recipe: Recipe, seconds
         n = max(1, min(chunk, left, FIRST_TURN << min(turns[prop], 8)))
         turns[prop] += 1
         fewer = best[prop].size["blocks"] if prop in best else None
-        found = _turn(hypothesis, factory, recipe, prop, live[prop], result, seed, turns[prop], n, fewer)
+        found = _turn(hypothesis, factory, recipe, prop, live[prop], result, seed, turns[prop], n, fewer, known[prop])
         if found is not None:
             best[prop] = found
             if found.size["blocks"] <= 1:
-                live.pop(prop)
-    result.findings = [best[p] for p in order if p in best]
+                settle(prop)
+    for prop in [p for p in order if p in best]:  # over several blocks when the time ran out
+        settle(prop)
+    result.findings.sort(key=lambda f: order.index(f.prop))
     return result
 
 
@@ -349,17 +261,23 @@ def _zero_out(case: Case, fails: Callable[[Case], bool], budget: int) -> Case:
 
 def _turn(hypothesis: Any, factory: Callable[[], Any], recipe: Recipe, prop: str, geometry: Geometry,
           result: SearchResult, seed: int, turn: int, chunk: int,
-          fewer_blocks: int | None = None) -> Finding | None:
+          fewer_blocks: int | None = None, known: tuple[Behaviour, ...] = ()) -> Finding | None:
     """One Hypothesis run of ``chunk`` examples of ``prop``; the shrunk failure, or None.
     ``fewer_blocks``: only a failure spanning fewer blocks than that counts (a shrunk
-    failure can be a local minimum: a NaN in a 2D tile that only a second tile shows)."""
+    failure can be a local minimum: a NaN in a 2D tile that only a second tile shows);
+    ``known``: behaviours the oracle takes as its own."""
     counted = [0]
+
+    def refused(reason: str) -> None:
+        result.refused[prop] += 1
+        result.refusal.setdefault(prop, reason)
 
     def fails(case: Case) -> bool:
         counted[0] += 1
         if fewer_blocks is not None and max(case.blocks.values()) >= fewer_blocks:
             return False
-        return judge(prop, factory(), recipe, case.tensors, operand=case.operand, explain=False) is not None
+        return judge(prop, factory(), recipe, case.tensors, operand=case.operand, explain=False, known=known,
+                     refused=refused) is not None
 
     start = time.monotonic()
     rnd = random.Random(f"{seed}:{prop}:{turn}")
@@ -370,5 +288,6 @@ def _turn(hypothesis: Any, factory: Callable[[], Any], recipe: Recipe, prop: str
     if case is None:
         return None
     case = _zero_out(case, fails, SPARSIFY_BUDGET)
-    message = judge(prop, factory(), recipe, case.tensors, operand=case.operand) or "differs (not on a rerun)"
+    message = judge(prop, factory(), recipe, case.tensors, operand=case.operand, known=known) \
+        or "differs (not on a rerun)"
     return Finding(prop, case, message, result.seconds[prop], result.examples[prop])

@@ -37,12 +37,13 @@ from mxcheck.conformance.search import judge
 
 nan, inf = float("nan"), float("inf")
 BACKEND = {backend!r}  # the backend factory, as `mxcheck search --backend` takes it
-RECIPE = {recipe!r}
+RECIPE = {recipe!r}  # a built-in name, a recipe file or FILE@PROFILE
 PROPERTY = {prop!r}  # {what}
 OPERAND = {operand!r}
+KNOWN = {known!r}  # behaviours taken as the oracle's own (known before this finding)
 
 {tensors}
-message = judge(PROPERTY, get(BACKEND), RECIPE, tensors, operand=OPERAND)
+message = judge(PROPERTY, get(BACKEND), RECIPE, tensors, operand=OPERAND, known=KNOWN)
 if message:
     print(message)
     sys.exit(1)
@@ -73,10 +74,15 @@ def _tensor_code(name: str, t: torch.Tensor) -> str:
             f"{tuple(t.shape)}")
 
 
-def write_reproducer(finding: Finding, factory: str, recipe: str, out: Path, *, seed: int = 0) -> Path:
-    """Write ``finding`` under ``out/<factory>-<recipe>-<property>/`` and return that directory.
-    ``factory``: the backend's factory spec ``repro.py`` passes to ``mxcheck.backends.get``."""
-    name = re.sub(r"[^A-Za-z0-9_.+-]+", "_", f"{factory.rpartition(':')[2]}-{recipe}-{finding.prop}")
+def write_reproducer(finding: Finding, factory: str, recipe: str, out: Path, *, seed: int = 0,
+                     recipe_name: str | None = None, index: int = 0) -> Path:
+    """Write ``finding`` under ``out/<factory>-<recipe name>-<property>[-<index>]/`` and return
+    that directory. ``factory``: the backend's factory spec ``repro.py`` passes to
+    ``mxcheck.backends.get``; ``recipe``: what it passes as the recipe (a name, a recipe
+    file's absolute path, FILE@PROFILE), ``recipe_name`` its name (default ``recipe``);
+    ``index``: the finding's number among its property's (from 0; the first has no suffix)."""
+    stem = f"{factory.rpartition(':')[2]}-{recipe_name or recipe}-{finding.prop}" + (f"-{index + 1}" if index else "")
+    name = re.sub(r"[^A-Za-z0-9_.+-]+", "_", stem)
     where = Path(out) / name
     where.mkdir(parents=True, exist_ok=True)
     tensors = finding.case.tensors
@@ -91,7 +97,8 @@ def write_reproducer(finding: Finding, factory: str, recipe: str, out: Path, *, 
     title = f"{finding.prop} of backend {factory} on recipe {recipe} ({finding.case.label})"
     (where / "repro.py").write_text(_SCRIPT.format(
         title=title, seed=seed, imports=imports, backend=factory, recipe=recipe, prop=finding.prop, what=_WHAT[finding.prop],
-        operand=finding.case.operand, tensors=code), encoding="utf-8")
+        operand=finding.case.operand, known=list(finding.known), tensors=code), encoding="utf-8")
     size = json.dumps(finding.size)
-    (where / "finding.txt").write_text(f"{title}\ninput: {size}\n\n{finding.message}\n", encoding="utf-8")
+    cause = f"cause: {finding.cause.describe()}\n" if finding.cause is not None else ""
+    (where / "finding.txt").write_text(f"{title}\ninput: {size}\n{cause}\n{finding.message}\n", encoding="utf-8")
     return where

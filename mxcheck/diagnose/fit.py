@@ -8,7 +8,9 @@ or drops one failure (``catalogue.FAILURES``, applied to the candidate's tensor 
 catalogue's order). The score of a candidate is the number of blocks whose every field
 equals the kernel's (NaN payloads aside): blocks reproduced, minus blocks the kernel gets
 right that the candidate breaks. The best move is taken while it raises the score, so a
-fit combines as many conventions as the kernel has, not pairs.
+fit combines as many conventions as the kernel has, not pairs. Then the fewest are kept
+(``_fewest``): a member whose dropping loses no block goes, and one convention alone that
+reproduces as many blocks beats a combination; attribution names what the fit keeps.
 
 Moves are screened on a few rows (those the current candidate gets wrong, and the anchor
 rows that keep a tensor-wide amax) and the best few confirmed on every row, so a fit costs
@@ -18,7 +20,7 @@ a few full quantizations per convention found.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -53,31 +55,48 @@ CONFIRMED = 3  # best screened moves run on every row
 MAX_MOVES = 12  # conventions and failures a fit may combine
 
 
+# Per element: a candidate's dequantized values differ from a values kernel's (the values
+# contract's judgement, which the caller supplies: conformance.fitting.values_differ).
+ValuesJudge = Callable[[Any, torch.Tensor], torch.Tensor]
+
+
 @dataclass
 class FitCase:
-    """One comparison a fit must reproduce: the input, its spec, the oracle's and the
-    kernel's tensors (the oracle's type)."""
+    """One comparison a fit must reproduce: the input, its spec, the oracle's tensor and the
+    kernel's: a tensor of the oracle's type (codes), or with ``values_differ`` the kernel's
+    dequantized values, shaped like ``x`` (a fake-quant kernel)."""
 
     x: torch.Tensor
     spec: OperandSpec
     oracle: Any
     kernel: Any
     label: str = ""
+    values_differ: ValuesJudge | None = None
     ids: torch.Tensor = field(init=False)
     n_blocks: int = field(init=False)
     oracle_ok: torch.Tensor = field(init=False)  # per block: the oracle equals the kernel
 
     def __post_init__(self) -> None:
-        self.x, self.oracle, self.kernel = self.x.detach().cpu(), _cpu(self.oracle), _cpu(self.kernel)
+        self.x, self.oracle = self.x.detach().cpu(), _cpu(self.oracle)
+        self.kernel = self.kernel.detach().cpu() if isinstance(self.kernel, torch.Tensor) else _cpu(self.kernel)
+        if (self.values_differ is None) == isinstance(self.kernel, torch.Tensor):
+            raise TypeError(f"kernel of {self.label or 'the comparison'} is a {type(self.kernel).__name__}: "
+                            "expected a quantized tensor, or values (a tensor) with values_differ")
         _, self.ids, self.n_blocks = _block_ids(self.oracle)
-        ok = _matches(self.oracle, self.kernel, self.ids, self.n_blocks)
+        ok = _matches(self.oracle, self.kernel, self.ids, self.n_blocks, self.values_differ)
         if ok is None:
             raise ValueError(f"kernel tensor of {self.label or 'the comparison'} has another layout than the oracle's")
         self.oracle_ok = ok
 
 
-def _matches(q: Any, kernel: Any, ids: torch.Tensor, n: int) -> torch.Tensor | None:
-    """Per block: q's bits equal the kernel's in every field (None: another layout)."""
+def _matches(q: Any, kernel: Any, ids: torch.Tensor, n: int, values_differ: ValuesJudge | None = None,
+             ) -> torch.Tensor | None:
+    """Per block: q's bits equal the kernel's in every field, or with ``values_differ`` q's
+    values equal the kernel's values (None: another layout)."""
+    if values_differ is not None:
+        if tuple(kernel.shape) != tuple(ids.shape):
+            return None
+        return ~_per_block(values_differ(q, kernel), ids, n)
     diffs = _element_diffs(q, kernel, compared_fields(kernel))
     if isinstance(diffs, str):
         return None
@@ -141,20 +160,22 @@ class _View:
     kernel: Any
     ids: torch.Tensor
     n: int
+    values_differ: ValuesJudge | None
 
 
 def _view(case: FitCase, rows: torch.Tensor | None) -> _View:
     if rows is None:
-        return _View(case.x, case.spec, case.kernel, case.ids, case.n_blocks)
+        return _View(case.x, case.spec, case.kernel, case.ids, case.n_blocks, case.values_differ)
     oracle = _take_rows(case.oracle, rows)
     _, ids, n = _block_ids(oracle)
-    return _View(case.x[rows], case.spec, _take_rows(case.kernel, rows), ids, n)
+    kernel = case.kernel[rows] if isinstance(case.kernel, torch.Tensor) else _take_rows(case.kernel, rows)
+    return _View(case.x[rows], case.spec, kernel, ids, n, case.values_differ)
 
 
 def _score(base: AnyProfile, state: _State, v: _View) -> torch.Tensor | None:
     """Per block of the view: the candidate equals the kernel."""
     q = _candidate(base, state, v.x, v.spec)
-    return None if q is None else _matches(_cpu(q), v.kernel, v.ids, v.n)
+    return None if q is None else _matches(_cpu(q), v.kernel, v.ids, v.n, v.values_differ)
 
 
 def profile_fields(p: AnyProfile) -> dict[str, Any]:
@@ -289,7 +310,46 @@ def fit(cases: Sequence[FitCase], start: Fit | None = None) -> Fit | None:
         if best is None:
             break
         state, oks = best, best_oks
+    state, oks = _fewest(base, state, cases, oks)
     return _result(base, state, cases, oks)
+
+
+def _matched(oks: list[torch.Tensor]) -> int:
+    return sum(int(ok.sum()) for ok in oks)
+
+
+def _fewest(base: AnyProfile, state: _State, cases: Sequence[FitCase],
+            oks: list[torch.Tensor]) -> tuple[_State, list[torch.Tensor]]:
+    """The fewest conventions and failures that reproduce as many blocks: a member whose
+    dropping loses no block is dropped (a combination is named only where every member is
+    needed: a fit that started from another comparison's keeps members this one does not
+    need), and one convention or failure alone that reproduces as many blocks beats a
+    combination (screened on a few rows first, as moves are)."""
+    whole = [_view(c, None) for c in cases]
+    dropped = True
+    while dropped and state.size > 1:
+        dropped = False
+        for member in (*state.conventions, *state.failures):
+            fewer = state.without(member)
+            full = [_score(base, fewer, v) for v in whole]
+            if all(f is not None for f in full) and _matched(full) >= _matched(oks):
+                state, oks, dropped = fewer, full, True
+                break
+    if state.size <= 1:
+        return state, oks
+    views = [_view(c, _screen_rows(c, ok)) for c, ok in zip(cases, oks, strict=True)]
+    now = [_score(base, state, v) for v in views]
+    if any(n is None for n in now):
+        return state, oks
+    singles = [m for m in _moves(base, _State()) if m.size == 1]
+    for single in singles:  # CONVENTIONS order, then FAILURES: the first of equals wins
+        got = [_score(base, single, v) for v in views]
+        if any(g is None for g in got) or _matched(got) < _matched(now):
+            continue
+        full = [_score(base, single, v) for v in whole]
+        if all(f is not None for f in full) and _matched(full) >= _matched(oks):
+            return single, full
+    return state, oks
 
 
 def _result(base: AnyProfile, state: _State, cases: Sequence[FitCase], oks: list[torch.Tensor]) -> Fit:

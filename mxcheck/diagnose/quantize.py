@@ -401,7 +401,8 @@ def _block_text(d: QuantizeDiff, block: int, kind: tuple[str, ...]) -> list[str]
     span = f"row {int(first[0])}, elements {int(first[-1])}-{int(last[-1])}" if len(shape) == 2 else f"{block}"
     inside = where[where < d.x.numel()] if d.x.shape == shape else where[:0]
     values = d.x.reshape(-1)[inside]
-    amax = values.abs().float().nan_to_num(nan=math.inf).max() if values.numel() else torch.tensor(math.nan)
+    amax = values.abs().float().nan_to_num(nan=math.inf, posinf=math.inf).max() if values.numel() \
+        else torch.tensor(math.nan)  # posinf: nan_to_num would make an Inf the largest finite value
     rotated = " (before the rotation)" if d.spec.hadamard else ""
     why = " (unexplained)" if d.explained is not None and bool(d.examined[block] & ~d.explained[block]) else ""
     name = f"row {block}" if d.block_field == "rows" else f"block {d.block_field}[{block}] ({span})"

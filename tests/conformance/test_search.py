@@ -7,11 +7,13 @@ import os
 import runpy
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
+from mxcheck.backends.contract import Refusal
 from mxcheck.backends.emulated import EmulatedBackend
 from mxcheck.backends.known_bad import KNOWN_BAD
 from mxcheck.conformance.search import judge, search
@@ -56,7 +58,8 @@ TWO_BLOCKS = {"bad-nvfp4-block-scale-bf16"}
 
 
 def _find(name: str, recipe: str, prop: str, seed: int = 0, max_examples: int = 400):
-    result = search(KNOWN_BAD[name], recipe, seconds=LONG, seed=seed, properties=[prop], max_examples=max_examples)
+    result = search(KNOWN_BAD[name], recipe, seconds=LONG, seed=seed, properties=[prop], max_examples=max_examples,
+                    stop_after=1)
     assert [f.prop for f in result.findings] == [prop], (name, result.examples)
     return result.findings[0]
 
@@ -144,7 +147,7 @@ def test_bad_arguments_name_the_value():
 
 
 def test_the_cli_writes_the_reproducer_and_exits_1(tmp_path, capsys):
-    code, out, _ = run_cli(capsys, "search", "--backend", "bad-trunc", "--recipe", "mxfp4", "--seconds", "60",
+    code, out, _ = run_cli(capsys, "search", "--backend", "bad-trunc", "--recipe", "mxfp4", "--seconds", "5",
                            "--properties", "quantize", "--out", tmp_path)
     assert code == 1
     assert "reproducer: python" in out and "1 nonzero values" in out
@@ -230,3 +233,170 @@ def test_conform_search_without_a_recipe_or_claims_is_a_usage_error_before_the_s
     code, _, err = run_cli(capsys, "conform", "--backend", "emulated", "--search", "1")
     assert code == 2 and "--search needs a recipe" in err
     assert suite.argv is None
+
+
+# ---- values, devices, refusals --------------------------------------------------------------------
+
+
+class _Values:
+    """A fake-quant kernel: ``inner``'s quantization, returned as float32 values only."""
+
+    inner: type = EmulatedBackend
+
+    def __init__(self):
+        self.backend = self.inner()
+        self.name = f"values-{self.backend.name}"
+
+    def available(self):
+        return True, ""
+
+    def supports(self, recipe):
+        return True, ""
+
+    def fake_quantize(self, x, spec, **kw):
+        return self.backend.quantize(x, spec, **kw).dequantize()
+
+
+class _TruncValues(_Values):
+    inner = KNOWN_BAD["bad-trunc"]
+
+
+class _Log2Values(_Values):
+    inner = KNOWN_BAD["bad-log2-scale"]
+
+
+def test_the_search_searches_the_values_of_a_fake_quant_backend(tmp_path, capsys):
+    result = search(_TruncValues, "mxfp4", seconds=LONG, properties=["quantize"], max_examples=400, stop_after=1)
+    (finding,) = result.findings
+    assert finding.size["blocks"] == 1 and finding.size["nonzeros"] <= 4, finding.size
+    assert finding.cause is not None and finding.cause.key in ("mx.rounding=trunc", "mx.rounding=half_zero"), \
+        finding.cause
+    assert "fake_quantize of recipe mxfp4" in finding.message and "values differ" in finding.message, finding.message
+    where = write_reproducer(finding, "tests.conformance.test_search:_TruncValues", "mxfp4", tmp_path)
+    with pytest.raises(SystemExit) as exit_:  # in this process: a subprocess run is the slow job's (values-log2)
+        runpy.run_path(str(where / "repro.py"), run_name="__main__")
+    assert exit_.value.code == 1 and "values differ" in capsys.readouterr().out
+
+
+class _OnMetaOnly(EmulatedBackend):
+    """Reads only tensors on its device, as a Triton kernel reads no CPU pointer ("meta"
+    stands for "cuda" on a CPU runner); knowing no data, it returns the oracle's results on
+    zeros (so it agrees with the oracle on all-zero inputs)."""
+
+    name = "on-meta-only"
+    device = "meta"
+
+    @staticmethod
+    def _insist(*tensors):
+        for t in tensors:
+            if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                raise RuntimeError(f"Pointer argument (at 0) cannot be accessed from Triton ({t.device.type} tensor?)")
+
+    def quantize(self, x, spec, **kw):
+        self._insist(x)
+        return super().quantize(torch.zeros(x.shape, dtype=x.dtype), spec, **kw)
+
+    def gemm(self, a, b, *, out_dtype=torch.float32, bias=None):
+        self._insist(a.codes, b.codes)
+        return torch.zeros(a.codes.shape[0], b.codes.shape[0], dtype=out_dtype)
+
+    def linear(self, x, w, b, recipe, **kw):
+        self._insist(x, w, b)
+        return torch.zeros(x.shape[0], w.shape[0], dtype=x.dtype)
+
+
+@pytest.mark.parametrize("prop, names", [("quantize", ("x",)), ("gemm", ("a", "b")), ("linear", ("x", "w"))])
+def test_the_search_runs_the_backend_on_its_device(prop, names):
+    tensors = {n: torch.zeros(32, 32) for n in names}
+    if prop == "linear":
+        tensors["b"] = torch.zeros(32)
+    assert judge(prop, _OnMetaOnly(), "mxfp8", tensors) is None
+    assert judge(prop, EmulatedBackend(), "mxfp8", tensors) is None  # the premise: the oracle agrees on zeros
+
+
+class _RefusesEverything(EmulatedBackend):
+    name = "refuses-everything"
+
+    def quantize(self, x, spec, **kw):
+        raise Refusal("this quantizer takes no spec here")
+
+
+def test_a_refusal_inside_the_search_is_counted_as_declared_and_nothing_is_green(tmp_path, capsys):
+    result = search(_RefusesEverything, "mxfp8", seconds=LONG, properties=["quantize"], max_examples=20)
+    assert not result.findings and result.refused["quantize"] == result.examples["quantize"] >= 20
+    assert result.refusal["quantize"] == "this quantizer takes no spec here"
+    code, out, _ = run_cli(capsys, "search", "--backend", "tests.conformance.test_search:_RefusesEverything",
+                           "--recipe", "mxfp8", "--seconds", "1", "--properties", "quantize", "--out", tmp_path)
+    assert code == 1, out
+    assert "refused (declared: this quantizer takes no spec here)" in out and "nothing was searched" in out, out
+
+
+# ---- past the first finding: two independent bugs --------------------------------------------------
+
+
+class _ZeroBlock127AndInfBlock127(KNOWN_BAD["bad-inf-block-127"]):
+    """Two independent differences: every all-zero MX block stores scale byte 127 (a harmless
+    convention, as AITER's MXFP6), and a block holding an Inf stores 127 with every code 0
+    (a real defect: the Inf is lost)."""
+
+    name = "zero-127-and-inf-block-127"
+
+    def quantize(self, x, spec, **kw):
+        return super().quantize(x, replace(spec, zero_scale=127) if spec.scaling == "mx" else spec, **kw)
+
+
+TWO_BUGS = "tests.conformance.test_search:_ZeroBlock127AndInfBlock127"
+INF_CAUSES = ("inf_block_byte_127",)  # the NaN among the broader inputs tells it from special_zeroes_block
+
+
+def _two_bug_search(recipe: str = "mxfp8", **kw):
+    return search(_ZeroBlock127AndInfBlock127, recipe, seconds=LONG, properties=["quantize"], max_examples=120, **kw)
+
+
+def test_a_known_behaviour_is_not_reported_and_the_search_finds_the_other_bug():
+    result = _two_bug_search(known=["mx.zero_scale=127"])
+    assert [f.cause.key in INF_CAUSES for f in result.findings] == [True], [f.cause for f in result.findings]
+
+
+def test_a_named_known_behaviour_that_does_not_exist_is_a_usage_error(capsys):
+    code, _, err = run_cli(capsys, "search", "--backend", "emulated", "--recipe", "mxfp8", "--known",
+                           "mx.zero_scale=12")
+    assert code == 2 and "'mx.zero_scale=12' is not a quantize behaviour" in err and "mx.zero_scale=127" in err, err
+
+
+def test_the_search_help_states_the_time_once(capsys):
+    from mxcheck.cli.main import build_parser
+
+    text = " ".join(build_parser()._subparsers._group_actions[0].choices["search"].format_help().split())
+    assert "search time per recipe" in text and "split" not in text, text
+
+
+def test_conform_search_takes_a_recipe_file_and_a_missing_one_is_a_usage_error_before_the_suite(tmp_path, capsys,
+                                                                                                 monkeypatch):
+    from mxcheck.recipes import RECIPES
+
+    suite = _SuitePassed()
+    monkeypatch.setattr(pytest, "main", suite)
+    code, _, err = run_cli(capsys, "conform", "--backend", "emulated", "--recipe", tmp_path / "absent.yaml",
+                           "--search", "1")
+    assert code == 2 and "absent.yaml" in err and suite.argv is None, err
+    from mxcheck.cli.fit import write_recipe
+
+    path = tmp_path / "mine.yaml"
+    write_recipe(path, RECIPES["mxfp8"], [])
+    code, out, _ = run_cli(capsys, "conform", "--backend", "mxcheck.backends.known_bad:TruncForRne", "--recipe", path,
+                           "--search", "2", "--properties", "quantize", "--out", tmp_path)
+    assert suite.argv is not None and code == 1, out
+    assert "recipe mxfp8.fitted" in out and "reproducer: python" in out, out
+
+
+def test_a_known_behaviour_that_reaches_further_than_the_kernel_makes_no_finding():
+    """special_zeroes_block zeroes NaN blocks too; a kernel that zeroes only Inf blocks keeps
+    the oracle's NaN byte there, which the contract accepts: no finding."""
+    x = torch.zeros(1, 32)
+    x[0, :4] = torch.tensor([1.0, float("nan"), 2.0, 3.0])
+    backend = KNOWN_BAD["bad-inf-block-127"]()
+    assert judge("quantize", backend, "mxfp8", {"x": x}) is None  # the premise: the kernel follows the contract
+    assert judge("quantize", backend, "mxfp8", {"x": x}, known=["special_zeroes_block"]) is None
+    x[0, 1] = float("inf")  # an Inf block: the kernel stores 127, the known behaviour zeroes it as well
+    assert judge("quantize", backend, "mxfp8", {"x": x}, known=["special_zeroes_block"]) is not None
