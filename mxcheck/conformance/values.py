@@ -30,6 +30,7 @@ import torch
 
 from mxcheck.assertions import NumericsError, check_bitwise
 from mxcheck.conformance._common import fresh_state, values_problem
+from mxcheck.conformance.overflow import overflow_lines
 from mxcheck.diagnose.behaviour import Attribution, Behaviour, render_attributions
 from mxcheck.diagnose.catalogue import QUANTIZE_BEHAVIOURS
 from mxcheck.gemm import quantize_operand
@@ -228,7 +229,8 @@ def _diagnose(d: ValuesDiff, attributed: bool) -> list[str]:
 def _report(diffs: list[ValuesDiff], compared: int, head: str) -> str:
     first = diffs[0]
     out = [f"{head}: {len(diffs)} of {compared} comparisons of values differ from the oracle, the first in "
-           f"{first.operand} ({first.label}); compared bit for bit with {VALUES_ROUNDING}, any NaN equal to any NaN"]
+           f"{first.operand} ({first.label}); compared bit for bit with {VALUES_ROUNDING}, any NaN equal to any NaN",
+           *overflow_lines(diffs)]
     named: dict[str, list[int]] = {}
     for d in diffs:
         for a in d.attributions:
