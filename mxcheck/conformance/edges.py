@@ -82,7 +82,7 @@ def _raised(e: Exception, what: str, dims: dict[str, int], again: Callable[[], A
         return f"refused: {msg[:160]}"
     if again is not None and _refused(again):
         return f"refused: {msg[:160]} (also at M=N=K={REGULAR_SHAPE[0]}: about the spec, not the shape)"
-    raise NumericsError(f"{what} at {dims} raised Refusal without naming M, N or K (and computes at "
+    raise NumericsError(f"{what} at {dims} raised Refusal without naming M, N or K (not refused at "
                         f"M=N=K={REGULAR_SHAPE[0]}, so it is about the shape): {msg[:200]}")
 
 
