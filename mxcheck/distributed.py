@@ -37,6 +37,7 @@ __all__ = [
     "RankInfo",
     "gather_report",
     "init_process_group",
+    "leave_process_group",
     "merge_payloads",
     "pick_device",
     "rank_from_env",
@@ -118,6 +119,24 @@ def init_process_group(*, backend: str | None = None, timeout_s: float = 300.0,
         dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s),
                                 **({"device_id": device} if backend == "nccl" else {}))
     return RankInfo(rank, world, local, device, dist.get_backend())
+
+
+def leave_process_group(*, wait_for_peers: bool = True) -> None:
+    """Destroy this rank's process group, once every rank got here (``wait_for_peers``).
+
+    Without the barrier a rank that finished its last collective first (rank 1, once
+    ``gather_object`` has sent) tears its gloo group down and exits while its peer still
+    works on the pairs and on rank 0's store: the likely way a rank dies of SIGABRT at exit
+    ("terminate called without an active exception": a gloo thread still joinable). After
+    an exception the peers may never arrive, so there is no wait then.
+    """
+    import torch.distributed as dist  # noqa: PLC0415
+
+    if not dist.is_initialized():
+        return
+    if wait_for_peers and dist.get_world_size() > 1:
+        dist.barrier()
+    dist.destroy_process_group()
 
 
 def tag_record(record: Record | Mapping[str, Any], rank: int, world_size: int) -> Record:

@@ -31,7 +31,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from mxcheck.assertions import NumericsError
-from mxcheck.distributed import RankInfo, gather_report, init_process_group, rank_payload
+from mxcheck.distributed import (
+    RankInfo,
+    gather_report,
+    init_process_group,
+    leave_process_group,
+    rank_payload,
+)
 from mxcheck.flux import quantized_linears
 from mxcheck.manifest import trace_precision
 from mxcheck.report import Record
@@ -184,13 +190,13 @@ def _tag_world(record: Record, world_size: int) -> Record:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import torch.distributed as dist  # noqa: PLC0415
-
+    finished = False
     try:
-        return run(parse_args(argv))
+        code = run(parse_args(argv))
+        finished = True
+        return code
     finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        leave_process_group(wait_for_peers=finished)
 
 
 if __name__ == "__main__":

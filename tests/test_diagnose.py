@@ -150,3 +150,24 @@ def test_blocks_showing_two_conventions_at_once_are_named_by_both_together():
     pair = fully_reproduced(message, f"{log2} & {zero}") + fully_reproduced(message, f"{zero} & {log2}")
     assert pair and all(r == d for r, d in pair), message[:4000]
     assert "reproduced by no known behaviour" not in message, message[:4000]
+
+
+def _block_line(x: torch.Tensor, spec, kernel_of) -> str:
+    """The first differing block's header line for the kernel ``kernel_of(oracle)``."""
+    ours = quantize_operand(x, spec)
+    d = compare_quantized(x, spec, ours, kernel_of(ours))
+    return next(line for line in diagnose(d, behaviours=()) if "input amax" in line)
+
+
+def test_a_nan_blocks_amax_is_shown_as_nan_not_inf():
+    x = torch.linspace(-1, 1, 32).reshape(1, 32)
+    x[0, 5] = float("nan")
+    line = _block_line(x, RECIPES["mxfp8"].x_row, lambda q: replace(q, scales=torch.full_like(q.scales, 254)))
+    assert line.endswith("input amax 0x7fc00000 (nan)"), line  # float32's canonical NaN: NaN is the amax
+
+
+def test_a_padded_blocks_amax_is_its_inputs_not_nan():
+    # mxfp4 pads K to 128 (pad_to): the 96 input elements fill three blocks, the fourth is padding
+    x = torch.linspace(-3, 3, 96).reshape(1, 96)
+    line = _block_line(x, RECIPES["mxfp4"].x_row, lambda q: replace(q, codes=q.codes ^ 1))
+    assert line.endswith("input amax 0x40400000 (3.0)"), line  # |x[0, 0]| = 3.0, the first block's largest

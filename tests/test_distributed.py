@@ -24,6 +24,7 @@ from mxcheck import distributed_check
 from mxcheck.backends.known_bad import Bf16Fallback
 from mxcheck.distributed import (
     gather_report,
+    leave_process_group,
     merge_payloads,
     pick_device,
     rank_from_env,
@@ -140,13 +141,15 @@ def _spawned(rank: int, port: int, again: str, sabotaged: str) -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port), OMP_NUM_THREADS="1")
     torch.set_num_threads(1)
+    finished = False
     try:
         distributed_check.run(distributed_check.parse_args(["--recipe", "mxfp8", "--out", again]))
         # The same process group again (run reuses it): collection only, rank 1 sabotaged.
         distributed_check.run(distributed_check.parse_args(["--recipe", "mxfp8", "--steps", "0", "--out", sabotaged]),
                               prepare=_bf16_on_rank_1)
+        finished = True
     finally:
-        torch.distributed.destroy_process_group()
+        leave_process_group(wait_for_peers=finished)  # both ranks tear gloo down together
 
 
 @pytest.fixture(scope="module")

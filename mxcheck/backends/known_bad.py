@@ -382,6 +382,29 @@ class ThreeConventions(_ProfileBug):
                                                             "inf_amax_byte": 254}
 
 
+class _Log2InInputDtype(_ProfileBug):
+    name, scaling, fields = "log2-in-input-dtype", "mx", {"exponent_source": "log2_input"}
+
+
+class Float16Log2Overflow:
+    """A fake-quant MX kernel (values only, in the input's dtype) whose block exponent is a
+    log2 in the input's dtype: a float16 log2(65504) rounds to 16, the scale is a binade
+    high and 65504 dequantizes to 65536, +Inf in float16, where the oracle's is 57344 (a
+    released MX library (measured, not named)). Only a float16 block amax near 65504 shows it."""
+
+    name = "bad-fp16-log2-overflow"
+
+    def available(self) -> tuple[bool, str]:
+        return True, ""
+
+    def supports(self, recipe: Any) -> tuple[bool, str]:
+        return True, ""
+
+    def fake_quantize(self, x: torch.Tensor, spec: Any, *, state: Any = None) -> torch.Tensor:
+        quantizer = _Log2InInputDtype() if x.dtype == torch.float16 else EmulatedBackend()
+        return quantizer.quantize(x, spec, state=state).dequantize().to(x.dtype)
+
+
 class FastAccumulation(EmulatedBackend):
     """GEMMs accumulated with 13 mantissa bits between float32 promotions every 128 products
     (Hopper FP8 fast accumulation; torch._scaled_mm on the H200)."""
@@ -425,7 +448,7 @@ class CudaNanCode(EmulatedBackend):
 
 KNOWN_BAD: dict[str, type[Any]] = {c.name: c for c in (NibbleSwap, WrongScaleRule, StaleWeight, Bf16Fallback,
                                                         NanToZero, DropsBias, GarbageUnlessKMod256,
-                                                        HalfAwayForRne, TruncForRne, Float32Log2Scale,
+                                                        HalfAwayForRne, TruncForRne, Float32Log2Scale, Float16Log2Overflow,
                                                         NVFP4ScaleThreshold, NVFP4EncodeScaleInInputDtype,
                                                         NVFP4EncodeScaleBf16, NVFP4BlockScaleBf16, MXScaleFloat16,
                                                         FP8DoubleRoundBf16,

@@ -31,6 +31,9 @@ def conform_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--report", metavar="PATH", help="write the JSON report here")
     p.add_argument("--dump", metavar="DIR", help="write every differing block of every failing quantize comparison "
                    "to DIR (--mxcheck-dump; load with mxcheck.diagnose.load_dump(DIR))")
+    p.add_argument("--full-trace", action="store_true",
+                   help="a failing check shows pytest's whole traceback, mxcheck's own check code included "
+                        "(--mxcheck-full-trace), instead of its verdict alone. Default: %(default)r")
     p.add_argument("--seed", type=int, default=0, metavar="INT",
                    help="seed mixed into every test's generator (--mxcheck-seed). Default: %(default)r")
     p.add_argument("-n", "--workers", default=None, metavar="N",
@@ -63,6 +66,8 @@ def pytest_args(args: argparse.Namespace, report: str) -> list[str]:
         out += ["-p", "xdist", "-n", str(args.workers)]
     if args.require_deps:
         out.append("--mxcheck-require-deps")
+    if getattr(args, "full_trace", False):
+        out.append("--mxcheck-full-trace")
     if getattr(args, "dump", None):
         out += ["--mxcheck-dump", str(Path(args.dump).resolve())]
     extra = list(args.pytest_extra)

@@ -88,6 +88,12 @@ def linear_of(backend: Any) -> Callable[..., torch.Tensor] | None:
 _FROM_BACKEND = "_mxcheck_raised_by_backend"  # marks an exception the backend's gemm raised
 
 
+class OracleRefusal(Refusal):
+    """mxcheck's own refusal: the reference Function around a backend's gemm or fake_quantize
+    cannot take the shape. It is "not applicable", never counted as the backend's declared
+    refusal (a Refusal subclass, so whatever handles a Refusal still stops there)."""
+
+
 def _reference_on_gemm(backend: Any, x, w, b, recipe: Recipe, **kw) -> torch.Tensor:
     """The reference Function on the backend's GEMM. The oracle's own ValueError (a shape the
     reference Function cannot take) is a Refusal; the backend's exceptions pass unchanged."""
@@ -99,7 +105,7 @@ def _reference_on_gemm(backend: Any, x, w, b, recipe: Recipe, **kw) -> torch.Ten
         why = _shape_refusal(recipe, x.numel() // max(x.shape[-1], 1), w.shape[0], w.shape[1],
                              x.requires_grad, w.requires_grad)
         if why is not None:
-            raise Refusal(f"the reference Function around the backend's gemm cannot take this: {why}")
+            raise OracleRefusal(f"the reference Function around the backend's gemm cannot take this: {why}")
 
     def gemm(*args: Any, **kwargs: Any) -> torch.Tensor:
         try:
@@ -115,7 +121,7 @@ def _reference_on_gemm(backend: Any, x, w, b, recipe: Recipe, **kw) -> torch.Ten
     except ValueError as e:
         if getattr(e, _FROM_BACKEND, False):
             raise
-        raise Refusal(f"the reference Function around the backend's gemm cannot take this: {e}") from e
+        raise OracleRefusal(f"the reference Function around the backend's gemm cannot take this: {e}") from e
 
 
 def values_problem(got: Any, x: torch.Tensor) -> str:
@@ -144,7 +150,7 @@ def _reference_on_fake_quantize(backend: Any, x: torch.Tensor, w: torch.Tensor, 
         why = _shape_refusal(recipe, x.numel() // max(x.shape[-1], 1), w.shape[0], w.shape[1],
                              x.requires_grad, w.requires_grad)
         if why is not None:
-            raise Refusal(f"the reference Function around the backend's fake_quantize cannot take this: {why}")
+            raise OracleRefusal(f"the reference Function around the backend's fake_quantize cannot take this: {why}")
 
     def quantize(t: torch.Tensor, spec: OperandSpec, *, rand: Any = None, state: Any = None) -> Any:
         if not spec.quantized:
@@ -163,7 +169,7 @@ def _reference_on_fake_quantize(backend: Any, x: torch.Tensor, w: torch.Tensor, 
     except ValueError as e:
         if getattr(e, _FROM_BACKEND, False) or isinstance(e, Refusal):
             raise
-        raise Refusal(f"the reference Function around the backend's fake_quantize cannot take this: {e}") from e
+        raise OracleRefusal(f"the reference Function around the backend's fake_quantize cannot take this: {e}") from e
 
 
 def warmed_states(linear: Callable[..., torch.Tensor], recipe: Recipe, x: torch.Tensor, w: torch.Tensor,

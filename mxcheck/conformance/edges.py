@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -11,6 +12,7 @@ from mxcheck.assertions import NumericsError
 from mxcheck.backends.contract import Refusal
 from mxcheck.conformance._common import (
     SAME_OPERANDS_FLOOR_DB,
+    OracleRefusal,
     _assert_in_bound,
     _device,
     _linear,
@@ -68,14 +70,40 @@ def _names_a_dim(msg: str, dims: dict[str, int]) -> bool:
                for d, v in dims.items())
 
 
-def _raised(e: Exception, what: str, dims: dict[str, int]) -> str:
+# A shape every built-in recipe's multiples divide (mxfp6 needs 256; mxfp4 pads K to 128): a
+# refusal the backend repeats there is about the spec, not the edge shape.
+REGULAR_SHAPE = (256, 256, 256)
+
+
+def _raised(e: Exception, what: str, dims: dict[str, int], again: Callable[[], Any] | None = None) -> str:
+    """The outcome of an exception at an edge shape: mxcheck's own refusal is "n/a"; the
+    backend's Refusal is "refused" where it names a dim, or where ``again`` (the same call at
+    REGULAR_SHAPE) is refused too, since then it is about the spec; anything else fails."""
     msg = str(e).splitlines()[0] if str(e) else ""
+    if isinstance(e, OracleRefusal):
+        return f"n/a: {msg[:160]}"
     if not isinstance(e, Refusal):
         raise NumericsError(f"{what} at {dims} raised {type(e).__name__}, not mxcheck.backends.Refusal: "
                             f"validate the shape and raise Refusal naming the dim ({msg[:200]})") from e
-    if not _names_a_dim(msg, dims):
-        raise NumericsError(f"{what} at {dims} raised Refusal without naming M, N or K: {msg[:200]}")
-    return f"refused: {msg[:160]}"
+    if _names_a_dim(msg, dims):
+        return f"refused: {msg[:160]}"
+    if again is not None and _refused(again):
+        return f"refused: {msg[:160]} (also at M=N=K={REGULAR_SHAPE[0]}: about the spec, not the shape)"
+    raise NumericsError(f"{what} at {dims} raised Refusal without naming M, N or K (not refused at "
+                        f"M=N=K={REGULAR_SHAPE[0]}, so it is about the shape): {msg[:200]}")
+
+
+def _refused(call: Callable[[], Any]) -> bool:
+    """Whether ``call`` raises the backend's Refusal (anything else: it is not refused there)."""
+    try:
+        call()
+    except OracleRefusal:
+        return False
+    except Refusal:
+        return True
+    except Exception:  # computing, or failing otherwise, is not refusing: the edge refusal stands alone
+        return False
+    return False
 
 
 def _edge_gemm(backend: Any, recipe: Recipe, gen: torch.Generator, m: int, n: int, k: int,
@@ -88,7 +116,10 @@ def _edge_gemm(backend: Any, recipe: Recipe, gen: torch.Generator, m: int, n: in
     try:
         got = backend.gemm(a, b, out_dtype=gemm_out_dtype(backend))
     except Exception as e:  # the error type is the finding
-        return _raised(e, f"gemm of recipe {recipe.name}", dims)
+        def again() -> Any:
+            a, b = _oracle_pair(recipe, torch.Generator().manual_seed(0), _device(backend), *REGULAR_SHAPE)
+            return backend.gemm(a, b, out_dtype=gemm_out_dtype(backend))
+        return _raised(e, f"gemm of recipe {recipe.name}", dims, again)
     _assert_in_bound(got, a, b, f"gemm of recipe {recipe.name} at M={m} N={n} K={k}", explain=explain)
     return "correct"
 
@@ -114,7 +145,11 @@ def _edge_quantize(backend: Any, recipe: Recipe, gen: torch.Generator, m: int, n
             try:
                 theirs = getattr(backend, method)(t, spec, **fresh_state(recipe, name))
             except Exception as e:  # the error type is the finding
-                outcomes.append(_raised(e, f"{method} of {name}, recipe {recipe.name},", dims))
+                def again(method: str = method, name: str = name, spec: Any = spec) -> Any:
+                    regular = dict(zip(("x_row", "w_row"), training_operands(
+                        recipe, torch.Generator().manual_seed(0), _device(backend), *REGULAR_SHAPE), strict=True))
+                    return getattr(backend, method)(regular[name], spec, **fresh_state(recipe, name))
+                outcomes.append(_raised(e, f"{method} of {name}, recipe {recipe.name},", dims, again))
                 continue
             if isinstance(ours, str):
                 outcomes.append(ours)
@@ -134,7 +169,7 @@ def _edge_quantize(backend: Any, recipe: Recipe, gen: torch.Generator, m: int, n
                     attribute_values(d, QUANTIZE_BEHAVIOURS)
                     raise NumericsError(values_report([d], 1, f"fake_quantize of {where}"))
             outcomes.append("correct")
-    refused = [o for o in outcomes if o.startswith("refused")]
+    refused = [o for o in outcomes if o.startswith("refused")]  # the backend's: before "n/a" and "correct"
     return refused[0] if refused else "correct" if "correct" in outcomes else outcomes[0]
 
 
@@ -150,7 +185,13 @@ def _edge_linear(backend: Any, recipe: Recipe, gen: torch.Generator, numerics: A
         states = warmed_states(linear_of(backend), recipe, x0, w0, b0, dy)
         x, w, _, y = _linear(backend, x0, w0, b0, recipe, states=states, dy=dy)
     except Exception as e:  # the error type is the finding
-        return _raised(e, f"linear of recipe {recipe.name}", dims)
+        def again() -> Any:
+            g = torch.Generator().manual_seed(0)
+            m0, n0, k0 = REGULAR_SHAPE
+            x1, w1 = training_operands(recipe, g, _device(backend), m0, n0, k0)
+            dy1 = training_like_cropped(g, m0, n0, recipe.g_row).to(x1.device)
+            return _linear(backend, x1, w1, torch.zeros(n0, device=x1.device), recipe, dy=dy1)
+        return _raised(e, f"linear of recipe {recipe.name}", dims, again)
     got = {"fwd": y, "dgrad": x.grad, "wgrad": w.grad}
     xd, wd = x0.double(), w0.double()
     truth = {"fwd": xd @ wd.T + b0.double(), "dgrad": dy.double() @ wd, "wgrad": dy.double().T @ xd}

@@ -268,13 +268,18 @@ def sweep_amaxes(spec: OperandSpec, dtype: torch.dtype) -> tuple[float, ...]:
     """Tensor amaxes of the magnitude sweep for ``spec`` in ``dtype``, ascending and each a
     value of ``dtype``: the smallest subnormal (a subnormal amax of 3/4 the smallest normal
     is the ``subnormals`` family's); gradient magnitudes 1e-8 (float16: 1e-7, its subnormals) and 5e-5; 1 (a power
-    of two); 4.6 (a randn amax, as most are); 0.9 of the dtype's max; and for each
+    of two); 4.6 (a randn amax, as most are); 0.9 of the dtype's max; float16's max itself
+    (65504: a float16 log2 of it rounds to 16, and the ceil and even rules take its scale
+    past the dtype; the tiled amax families reach the top binade of float32 and bf16, 2^127,
+    but are not fed in float16); and for each
     per-tensor formula C / amax and amax / C of ``spec`` (``_per_tensor_constants``), 3/4 of
     the amax where it leaves the dtype's normal range (C / amax overflows below C / max,
     amax / C is subnormal below C * tiny)."""
     fi = torch.finfo(dtype)
     smallest = fi.tiny * fi.eps  # the smallest subnormal (2**-149, 2**-133, 2**-24)
     points = [smallest, 1e-7 if dtype == torch.float16 else 1e-8, 5e-5, 1.0, 4.6, fi.max * 0.9]
+    if dtype == torch.float16:
+        points.append(fi.max)
     for c in _per_tensor_constants(spec):
         points += [c / fi.max * _SUBNORMAL_FACTOR, c * fi.tiny * _SUBNORMAL_FACTOR]
     held = torch.tensor(sorted(set(points)), dtype=torch.float64).to(dtype)
@@ -404,7 +409,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("magnitude", "the same draw at every tensor magnitude the dtype holds: gradient magnitudes, range "
            "ends, and where each per-tensor scale formula (2688 / amax, amax / 2688, fmt.max / amax) leaves the "
            "dtype's normal range (amaxes mostly not powers of two)",
-           "smallest subnormal .. 0.9 * dtype max (sweep_amaxes)", sweep=True),
+           "smallest subnormal .. 0.9 * dtype max, and float16's max 65504 (sweep_amaxes)", sweep=True),
     Family("outliers", "outlier rows (tokens) and columns (channels) 1e8 above the rest: a per-tensor scale set "
            "by the outliers flushes the rest", "about 1e4, the rest about 1e-4", _outliers),
     Family("zeros", "an all-zero tensor (amax 0: a per-tensor 1 / amax must not give NaN)", "0",

@@ -37,6 +37,7 @@ import torch
 
 from mxcheck.assertions import NumericsError, check_bitwise
 from mxcheck.conformance._common import fresh_state, values_problem
+from mxcheck.conformance.overflow import overflow_lines
 from mxcheck.conformance.values_judge import (
     DEQUANT_ORDERS,
     dequant_spread,
@@ -281,7 +282,8 @@ def values_report(diffs: list[ValuesDiff], compared: int, head: str) -> str:
     first = diffs[0]
     out = [f"{head}: {len(diffs)} of {compared} comparisons of values differ from the oracle, the first in "
            f"{first.operand} ({first.label}); compared bit for bit with {VALUES_ROUNDING}, any NaN equal to any NaN"
-           + (f", {ORDERS_ACCEPTED}" if first.spec.scaling == "nvfp4" else "")]
+           + (f", {ORDERS_ACCEPTED}" if first.spec.scaling == "nvfp4" else ""),
+           *overflow_lines(diffs)]
     examined = [d for d in diffs if d.attributions or d.unexplained]
     if examined:
         out += ["cause:", *("  " + line for line in diagnose_quantize.summary(examined))]

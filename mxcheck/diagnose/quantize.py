@@ -394,20 +394,33 @@ def _code_text(q: Any, flat: int) -> str:
     return _byte_text(int(q.codes.reshape(-1)[flat]), element_format(q))
 
 
+def _input_index(flat: torch.Tensor, shape: tuple[int, ...],
+                 x_shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """For indices ``flat`` into the quantized ``shape`` (padded where the spec has pad_to):
+    which hold an input element, and its index in the input of ``x_shape`` (padding holds none)."""
+    if len(shape) != len(x_shape):  # another layout: no element maps to the input
+        return torch.zeros_like(flat, dtype=torch.bool), torch.zeros_like(flat)
+    has_input, in_x = torch.ones_like(flat, dtype=torch.bool), torch.zeros_like(flat)
+    for i, n in zip(torch.unravel_index(flat, shape), x_shape, strict=True):
+        has_input &= i < n
+        in_x = in_x * n + i
+    return has_input, in_x
+
+
 def _block_text(d: QuantizeDiff, block: int, kind: tuple[str, ...]) -> list[str]:
     where = (d.block_ids.reshape(-1) == block).nonzero().flatten()
     shape = d.oracle.codes.shape
     first, last = (torch.unravel_index(where[i], shape) for i in (0, -1))
     span = f"row {int(first[0])}, elements {int(first[-1])}-{int(last[-1])}" if len(shape) == 2 else f"{block}"
-    inside = where[where < d.x.numel()] if d.x.shape == shape else where[:0]
-    values = d.x.reshape(-1)[inside]
-    amax = values.abs().float().nan_to_num(nan=math.inf, posinf=math.inf).max() if values.numel() \
-        else torch.tensor(math.nan)  # posinf: nan_to_num would make an Inf the largest finite value
+    has_input, in_x = _input_index(where, tuple(shape), tuple(d.x.shape))
+    values = d.x.reshape(-1)[in_x[has_input]].abs().float()
+    # a NaN element makes the block's amax NaN (the scale rules' NaN block), never Inf
+    amax = values.new_tensor(math.nan) if bool(values.isnan().any()) or not values.numel() else values.max()
     rotated = " (before the rotation)" if d.spec.hadamard else ""
     why = " (unexplained)" if d.explained is not None and bool(d.examined[block] & ~d.explained[block]) else ""
     name = f"row {block}" if d.block_field == "rows" else f"block {d.block_field}[{block}] ({span})"
-    lines = [f"    {name}{why}, differs in {', '.join(kind)}; input amax{rotated} "
-             f"{_hex(amax.to(d.x.dtype))} ({_float(float(amax))})"]
+    amax_text = f"{_hex(amax.to(d.x.dtype))} ({_float(float(amax))})" if values.numel() else "none (padding only)"
+    lines = [f"    {name}{why}, differs in {', '.join(kind)}; input amax{rotated} {amax_text}"]
     for name in compared_fields(d.oracle):
         if name == "codes":
             continue
@@ -416,8 +429,10 @@ def _block_text(d: QuantizeDiff, block: int, kind: tuple[str, ...]) -> list[str]
                      f"{_scale_text(name, d.oracle, index)}")
     codes_k, codes_o = d.kernel.codes.reshape(-1)[where], d.oracle.codes.reshape(-1)[where]
     shown = where[codes_k != codes_o][:ELEMENTS_PER_BLOCK]
+    given_at = dict(zip(where.tolist(), zip(has_input.tolist(), in_x.tolist(), strict=True), strict=True))
     for flat in shown.tolist():
-        value = d.x.reshape(-1)[flat] if d.x.shape == shape else None
+        inside, at = given_at[flat]
+        value = d.x.reshape(-1)[at] if inside else None
         given = "" if value is None else f"input {_hex(value)} ({_float(float(value))}): "
         lines.append(f"      element {int(torch.unravel_index(torch.tensor(flat), shape)[-1])}: {given}code kernel "
                      f"{_code_text(d.kernel, flat)} | oracle {_code_text(d.oracle, flat)}")

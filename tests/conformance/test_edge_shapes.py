@@ -13,11 +13,13 @@ from mxcheck.backends.known_bad import KNOWN_BAD
 from mxcheck.conformance import EDGE_SHAPES, edge_shape_outcome
 from mxcheck.flux import flux_linear_shapes, unique_gemms
 from mxcheck.functions import quant_linear
+from mxcheck.gemm import quantize_operand
 from mxcheck.recipes import RECIPES, get_recipe
 from mxcheck.report import Report
 from mxcheck.report.markdown import render_markdown
 from mxcheck.report.outcomes import counts_text, outcome_of
 from mxcheck.report.recorder import Numerics
+from tests.conformance.test_values import OracleValues
 
 pytestmark = pytest.mark.emulated
 
@@ -58,17 +60,78 @@ class _GemmRaises:
     (RuntimeError("CUDA error: an illegal memory access"), "raised RuntimeError, not mxcheck.backends.Refusal"),
     (ValueError("gemm: M=13 is not a multiple of 16"), "raised ValueError, not mxcheck.backends.Refusal"),
     (NotImplementedError("M=13 is not a multiple of 16"), "raised NotImplementedError, not mxcheck.backends.Refusal"),
-    (Refusal("unsupported shape"), "without naming M, N or K"),
+    # refused at every shape, the regular one too: about the spec, so declared without a dim
+    (Refusal("unsupported recipe"), "refused"),
 ], ids=["names-K", "names-value", "runtime-error", "undeclared-value-error", "undeclared-not-implemented",
-        "names-nothing"])
-def test_only_a_refusal_naming_the_dim_is_a_refusal(error, verdict):
+        "refused-everywhere"])
+def test_only_a_refusal_naming_the_dim_or_made_at_every_shape_is_a_refusal(error, verdict):
     backend, gen = _GemmRaises(error), torch.Generator().manual_seed(0)
     if verdict == "refused":
         outcome = edge_shape_outcome(backend, RECIPES["fp8"], "M13", gen)
-        assert set(outcome.values()) == {f"refused: {error}"}, outcome
+        assert {v.split(" (also at")[0] for v in outcome.values()} == {f"refused: {error}"}, outcome
     else:
         with pytest.raises(NumericsError, match=verdict):
             edge_shape_outcome(backend, RECIPES["fp8"], "M13", gen)
+
+
+class _GemmRefusesUnder256:
+    """A GEMM-only backend that refuses any M under 256 without saying which dim."""
+
+    name = "gemm-refuses-small"
+
+    def gemm(self, a, b, **kw):
+        if a.codes.shape[0] < 256:
+            raise Refusal("unsupported shape")
+        return EmulatedBackend().gemm(a, b, **kw)
+
+
+def test_a_refusal_of_the_edge_shape_alone_must_name_the_dim():
+    with pytest.raises(NumericsError, match=r"raised Refusal without naming M, N or K .*about the shape\): "
+                                            "unsupported shape"):
+        edge_shape_outcome(_GemmRefusesUnder256(), RECIPES["fp8"], "M13", torch.Generator().manual_seed(0))
+
+
+class _QuantizesOnly1D:
+    """Quantizes 1D blocks only (AITER's e2m1 quantizer): a 2D-block spec is refused at any
+    shape, with a message about the spec that names no dim."""
+
+    name = "quantizes-1d-only"
+
+    def quantize(self, x, spec, *, state=None):
+        if spec.block_2d:
+            raise Refusal(f"quantizes 1x32 MX blocks; spec has block_2d={spec.block_2d}")
+        return quantize_operand(x, spec)
+
+
+def test_a_refusal_about_the_spec_is_declared_at_an_edge_shape():
+    records: list = []
+    numerics = Numerics(records.append, "test_edges", backend="quantizes-1d-only")
+    outcome = edge_shape_outcome(_QuantizesOnly1D(), RECIPES["mxfp4"], "M13", torch.Generator().manual_seed(0),
+                                 numerics)
+    assert outcome["quantize"] == ("refused: quantizes 1x32 MX blocks; spec has block_2d=True "
+                                   "(also at M=N=K=256: about the spec, not the shape)"), outcome
+    [q] = [r for r in records if r.layer == "edge M13: quantize"]
+    assert outcome_of(q) == "refused"
+
+
+def test_the_reference_functions_own_refusal_is_not_applicable_not_the_backends():
+    # A values backend's linear is the reference Function on its values; the shapes that
+    # Function cannot take (wgrad contracting M=2 under 32-blocks) are mxcheck's, not declared.
+    class DeclaredOracleValues(OracleValues):
+        def fake_quantize(self, x, spec, *, state=None):
+            try:
+                return super().fake_quantize(x, spec, state=state)
+            except ValueError as e:  # a shape the block does not divide: declared, naming the dim
+                raise Refusal(str(e)) from None
+
+    records: list = []
+    numerics = Numerics(records.append, "test_edges", backend="oracle-values")
+    for shape in EDGE_SHAPES:
+        edge_shape_outcome(DeclaredOracleValues(), RECIPES["mxfp8"], shape, torch.Generator().manual_seed(0),
+                           numerics)
+    outcomes = [outcome_of(r) for r in records if r.kind == "edge_shape" and r.layer.endswith(": linear")]
+    assert "refused" not in outcomes and outcomes.count("not_applicable") > 0, outcomes
+    assert "refused (declared)" not in counts_text([r for r in records if r.layer.endswith(": linear")])
 
 
 class _GemmRefusesShortK:

@@ -17,7 +17,7 @@ from mxcheck.conformance.verdict import tensor_verdict
 from mxcheck.diagnose import CATALOGUE
 from mxcheck.diagnose.catalogue import combined
 from mxcheck.gemm import quantize_operand
-from mxcheck.recipes import RECIPES
+from mxcheck.recipes import RECIPES, get_recipe
 
 pytestmark = pytest.mark.emulated
 
@@ -36,6 +36,7 @@ EXPECTED = {
     "bad-half-away": ("mxfp4", "quantize", "mx.rounding=half_away"),
     "bad-trunc": ("mxfp4", "quantize", "mx.rounding=trunc"),
     "bad-log2-scale": ("mxfp4", "quantize", "mx.exponent_source=log2_fp32"),
+    "bad-fp16-log2-overflow": ("ocp-mxfp8-e4m3", "quantize", "mx.exponent_source=log2_input"),
     # scales held in too narrow a type (issue 35): caught by the magnitude families
     "bad-nvfp4-scale-threshold": ("nvfp4", "quantize", "nvfp4_decoded_scale_threshold"),
     "bad-nvfp4-encode-input-dtype": ("nvfp4", "quantize", "nvfp4_encode_scale_input_dtype"),
@@ -68,7 +69,7 @@ def test_every_known_bad_backend_has_an_expectation():
 
 def _failure(backend, recipe: str, check: str) -> str:
     with pytest.raises(NumericsError) as info:
-        CHECKS[check](backend, RECIPES[recipe], torch.Generator().manual_seed(0))
+        CHECKS[check](backend, get_recipe(recipe), torch.Generator().manual_seed(0))
     return str(info.value)
 
 
@@ -105,13 +106,23 @@ def test_known_bad_backend_fails_the_check_its_bug_breaks_and_is_named_by_its_ca
         assert not others, (others, message)
 
 
+def test_a_float16_log2_scale_overflows_65504_to_inf_and_the_failure_says_so():
+    """The magnitude sweep's float16 tensor at amax 65504 (its top) has the block that a float16
+    log2 puts a binade high: the kernel's 65504 is +Inf where the oracle's is 57344 (OCP MX
+    floor rule: scale 2^(15 - 8), 65504 / 2^7 saturates to e4m3's 448, times 2^7)."""
+    message = _failure(KNOWN_BAD["bad-fp16-log2-overflow"](), "ocp-mxfp8-e4m3", "quantize")
+    assert re.search(r"^x_row \(magnitude input at amax 6\.6e\+04, float16 tensor\): 1 value overflows float16 to "
+                     r"Inf where the oracle's is finite, the first at \[\d+, \d+\]: input 65504\.0, kernel inf \| "
+                     r"oracle 57344\.0$", message, flags=re.M), message[:3000]
+
+
 @pytest.mark.parametrize("recipe", sorted({r for r, _, _ in EXPECTED.values()}))
 def test_the_emulated_backend_passes_the_same_checks(recipe):
     """The premise of each known-bad test: on the same inputs (run_checks' seed) the oracle
     passes the check the bug fails. Every other check on these recipes runs on the oracle in
     test_conformance.py (at the plugin's seed)."""
     names = sorted({c for r, c, _ in EXPECTED.values() if r == recipe})
-    results = run_checks(EmulatedBackend(), RECIPES[recipe], names=names)
+    results = run_checks(EmulatedBackend(), get_recipe(recipe), names=names)
     assert list(results) == names
     assert all(r == "ok" for r in results.values()), results
 

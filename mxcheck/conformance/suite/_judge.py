@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from mxcheck.backends.contract import Refusal
+from mxcheck.conformance._common import OracleRefusal
 from mxcheck.conformance.claims import Claim
 from mxcheck.plugin import skip_as
 
@@ -15,7 +16,8 @@ from mxcheck.plugin import skip_as
 def judge(request: pytest.FixtureRequest, backend: Any, claim: Claim, what: str, run: Callable[[], Any]) -> Any:
     """Run ``run`` (a check on ``claim``) and map the backend's declarations to outcomes:
     supports() False on a declared claim fails, on a default one skips as not supported;
-    a Refusal skips as refused; anything else the check raises fails the test."""
+    the backend's Refusal skips as refused, mxcheck's own (the reference Function around the
+    backend cannot take the shape) as not applicable; anything else the check raises fails."""
     ok, why = backend.supports(claim.recipe)
     if not ok:
         if claim.declared:
@@ -24,5 +26,7 @@ def judge(request: pytest.FixtureRequest, backend: Any, claim: Claim, what: str,
         skip_as(request.node, "unsupported", f"backend {backend.name} does not support {claim.recipe.name}: {why}")
     try:
         return run()
+    except OracleRefusal as e:
+        skip_as(request.node, "not_applicable", f"{what}: {e}")
     except Refusal as e:
         skip_as(request.node, "refused", f"{what}: backend {backend.name} refused: {e}")

@@ -1,15 +1,10 @@
-"""The mxcheck pytest plugin (entry point ``pytest11``): markers, hardware skips, backends,
-the ``numerics`` fixture, and one merged SNR report per run.
-
-The hooks wire; the :class:`Collector` owns records, skips, the report and the baseline.
-Records travel on each test report's ``user_properties``, so pytest-xdist carries them
-from the workers to the controller, which alone writes the report.
-"""
+"""The collector: the run's backends, claims, records and skips; it writes the report, compares
+it with a baseline and prints the summary. Records reach it on each test report's
+``user_properties``, so pytest-xdist carries them from the workers to the controller, which
+alone writes."""
 
 from __future__ import annotations
 
-import argparse
-import hashlib
 import os
 import re
 from collections.abc import Callable, Iterable
@@ -17,15 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 from mxcheck import backends as backend_registry
 from mxcheck import hardware, run_guard
 from mxcheck.backends.contract import MissingDependency
-from mxcheck.cli import add_max_drop_option
-from mxcheck.cli.common import add_allow_incomplete_option
-from mxcheck.deps import REQUIRE_DEPS_ENV, export_require_deps, needs
-from mxcheck.diagnose.dump import DUMP_ENV
+from mxcheck.plugin.keys import RECORD_KEY, SEEDED_FIXTURES, WITNESS_DRIFT
+from mxcheck.plugin.repeat import repeat_and_compare
 from mxcheck.report import (
     Record,
     Report,
@@ -45,110 +37,7 @@ from mxcheck.report.outcomes import (
     skip_summary,
 )
 
-__all__ = ["COLLECTOR", "RECORD_KEY", "REQUIRE_DEPS_ENV", "SKIP_KINDS", "WITNESS_DRIFT", "Collector", "add_options",
-           "needs", "skip_as"]
-
-COLLECTOR = pytest.StashKey["Collector"]()
-RECORD_KEY = "mxcheck_record"
-SEEDED_FIXTURES = frozenset({"mxcheck_generator", "mxcheck_seed"})
-# An xfail whose reason starts so is a witness library (ml_dtypes, torch, gfloat, torchao)
-# newer than the versions a test pinned, answering differently: counted in the report.
-WITNESS_DRIFT = "witness drift:"
-
-
-# ------------------------------------------------------------------ options
-
-
-def parse_seed(value: str) -> int:
-    try:
-        return int(value, 0)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer seed, got {value!r}") from None
-
-
-def parse_repeats(value: str) -> int:
-    try:
-        v = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of runs >= 2, got {value!r}") from None
-    if v < 2:
-        raise argparse.ArgumentTypeError(f"needs at least 2 runs to compare, got {value!r}")
-    return v
-
-
-def add_options(addoption: Callable[..., Any], prefix: str = "--mxcheck-") -> None:
-    """Add the mxcheck options through ``addoption`` (pytest's, or an argparse one)."""
-    addoption(f"{prefix}backend", action="append", default=[], metavar="NAME|pkg.mod:factory",
-              help="backend under test, repeatable: a registered name, an entry point of group "
-                   "'mxcheck.backends' or 'pkg.module:factory'. Default: emulated")
-    addoption(f"{prefix}report", default=None, metavar="PATH",
-              help="write the merged JSON report of every numeric check here. Default: %(default)r")
-    addoption(f"{prefix}baseline", default=None, metavar="PATH",
-              help="compare with this earlier report; an SNR drop beyond --mxcheck-max-drop-db, or "
-                   "a check that passed and now fails, fails the run. Default: %(default)r")
-    add_max_drop_option(addoption, prefix)
-    addoption(f"{prefix}seed", type=parse_seed, default=0, metavar="INT",
-              help="seed mixed into every test's generator (with the test id). Default: %(default)r")
-    addoption(f"{prefix}deterministic-only", type=parse_repeats, default=None, metavar="N",
-              help="run only tests that use the numerics fixture, each N times, and fail any "
-                   "whose recorded results differ between runs. Default: %(default)r")
-
-
-def _add_seeded_only_option(addoption: Callable[..., Any]) -> None:
-    addoption("--mxcheck-seeded-only", action="store_true", default=False,
-              help="run only tests whose inputs come from --mxcheck-seed (the mxcheck_generator "
-                   "or mxcheck_seed fixture): the set a seed sweep varies. Default: %(default)r")
-
-
-def _add_recipe_option(addoption: Callable[..., Any]) -> None:
-    addoption("--mxcheck-recipe", action="append", default=[], metavar="NAME|FILE",
-              help="what conformance judges every selected backend on, repeatable: a built-in recipe "
-                   "(ocp-mxfp8-e4m3, mxfp8, ...), RECIPE@PROFILE, or a recipe file (.yaml/.toml). "
-                   "Default: the backend's own claims, else every built-in recipe it supports")
-
-
-def _add_dump_option(addoption: Callable[..., Any]) -> None:
-    addoption("--mxcheck-dump", metavar="DIR", default=None,
-              help="write every differing block of every failing quantize comparison to DIR, one .pt per "
-                   "comparison (load them with mxcheck.diagnose.load_dump(DIR)); the terminal keeps its summary")
-
-
-def _add_require_deps_option(addoption: Callable[..., Any]) -> None:
-    # pytest-only (not in add_options, which `mxcheck compare` reuses): it acts on collection.
-    addoption("--mxcheck-require-deps", action="store_true",
-              default=os.environ.get(REQUIRE_DEPS_ENV) == "1",
-              help="fail, instead of skip, a test or module whose declared test dependency "
-                   "(the [test] extra: ml_dtypes, torchao, gfloat, diffusers, matplotlib) is "
-                   f"missing; CI sets it. {REQUIRE_DEPS_ENV}=1 sets it too. Default: %(default)r")
-
-
-def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("mxcheck", "mxcheck numerics checks")
-    add_options(group.addoption)
-    _add_require_deps_option(group.addoption)
-    _add_seeded_only_option(group.addoption)
-    _add_recipe_option(group.addoption)
-    _add_dump_option(group.addoption)
-    # run guard (mxcheck/run_guard.py): timeouts; incomplete reports are no baselines
-    run_guard.add_timeout_option(group.addoption)
-    add_allow_incomplete_option(group.addoption, "--mxcheck-")
-
-
-# ------------------------------------------------------------------ configure
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    for name, text in hardware.MARKERS.items():
-        config.addinivalue_line("markers", f"{name}: {text}")
-    worker = getattr(config, "workerinput", {}).get("workerid")
-    if worker:  # before any test touches the GPU: one device per xdist worker
-        os.environ.update(hardware.pin_worker(worker, hardware.detect_without_init(), dict(os.environ)))
-    export_require_deps(config)
-    if config.getoption("--mxcheck-dump", None):  # read where a check fails (mxcheck.diagnose.dump)
-        os.environ[DUMP_ENV] = str(Path(config.getoption("--mxcheck-dump")).resolve())
-    collector = config.stash[COLLECTOR] = Collector.from_config(config)
-    config.pluginmanager.register(collector, "mxcheck-collector")
-    run_guard.register(config)  # timeouts, crashed workers, SIGTERM/SIGINT
+__all__ = ["Collector", "skip_as"]
 
 
 class Collector:
@@ -229,7 +118,7 @@ class Collector:
             return
         _keep_only(config, items, lambda fixtures: "numerics" in fixtures)
         for item in items:
-            _repeat_and_compare(item, runs)
+            repeat_and_compare(item, runs)
 
     @staticmethod
     def _why_not_here(item: pytest.Item, hw: hardware.Hardware) -> str | None:
@@ -386,75 +275,3 @@ def _skip_reason(report: pytest.TestReport) -> str:
     longrepr = report.longrepr
     reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
     return reason.removeprefix("Skipped: ")
-
-
-def _repeat_and_compare(item: pytest.Item, runs: int) -> None:
-    """Make item run ``runs`` times; its recorded results must be identical each time."""
-    original = item.runtest
-
-    def runtest() -> None:
-        # Every run starts from the same generator states, so only the code under test varies.
-        funcargs = getattr(item, "funcargs", {})
-        gens = {k: v.get_state() for k, v in funcargs.items() if isinstance(v, torch.Generator)}
-        seen = []
-        for i in range(runs):
-            for k, state in gens.items():
-                funcargs[k].set_state(state)
-            start = len(item.user_properties)
-            original()
-            recs = [v for k, v in item.user_properties[start:] if k == RECORD_KEY]
-            seen.append([(r.get("kind"), r.get("layer"), r.get("direction"), r.get("snr_db"),
-                          r.get("extra", {}).get("digest")) for r in recs])
-            if i:
-                del item.user_properties[start:]  # the report keeps the first run's records
-        for i, got in enumerate(seen[1:], start=2):
-            if got != seen[0]:
-                from mxcheck.assertions import NumericsError  # noqa: PLC0415
-
-                first = next((a, b) for a, b in zip(seen[0], got, strict=False) if a != b) \
-                    if len(got) == len(seen[0]) else (f"{len(seen[0])} records", f"{len(got)} records")
-                raise NumericsError(f"not deterministic: run {i} of {runs}: {_describe(first[0])} differs: "
-                                    f"run 1 {first[0]!r}, run {i} {first[1]!r}")
-
-    item.runtest = runtest  # type: ignore[method-assign]
-
-
-def _describe(entry: Any) -> str:
-    if isinstance(entry, tuple):
-        kind, layer, direction = entry[:3]
-        return " ".join(str(p) for p in (kind, "check", layer, direction) if p)
-    return str(entry)
-
-
-# ------------------------------------------------------------------ fixtures
-
-
-@pytest.fixture
-def mxcheck_seed(request: pytest.FixtureRequest) -> int:
-    """The run's --mxcheck-seed."""
-    return request.config.getoption("mxcheck_seed")
-
-
-@pytest.fixture
-def mxcheck_generator(request: pytest.FixtureRequest, mxcheck_seed: int) -> torch.Generator:
-    """A CPU torch.Generator seeded from the run seed and the test id: independent per test,
-    identical between runs and between xdist workers."""
-    digest = hashlib.sha256(f"{mxcheck_seed}:{request.node.nodeid}".encode()).digest()
-    g = torch.Generator()
-    g.manual_seed(int.from_bytes(digest[:8], "little") & (2**63 - 1))
-    return g
-
-
-@pytest.fixture
-def numerics(request: pytest.FixtureRequest) -> Any:
-    """Assertions (an ``mxcheck.report.recorder.Numerics``) that record each comparison into
-    the run's report."""
-    from mxcheck.report.recorder import Numerics  # noqa: PLC0415  (keeps plugin import light)
-
-    node = request.node
-    backend = getattr(node, "callspec", None) and node.callspec.params.get("backend")
-
-    def record(r: Record) -> None:
-        node.user_properties.append((RECORD_KEY, r.to_json()))
-
-    return Numerics(record, node.nodeid, backend=backend.name if backend is not None else "emulated")
