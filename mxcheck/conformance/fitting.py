@@ -41,16 +41,11 @@ OPERANDS = ("x_row", "w_row")
 
 def values_differ(candidate: Any, got: torch.Tensor) -> torch.Tensor:
     """Per element of a fake-quant kernel's values ``got``: they differ from the quantized
-    tensor ``candidate``'s values, as the values check judges them (the candidate's values
-    cast to got's dtype, compared as bits, any NaN equal to any NaN)."""
-    from mxcheck.conformance.values import oracle_values, same_nans  # noqa: PLC0415
+    tensor ``candidate``'s values, as the values check judges them (``values_agree``: bits in
+    got's dtype, any NaN equal to any NaN, an NVFP4 value within the released orders' spread)."""
+    from mxcheck.conformance.values import values_agree  # noqa: PLC0415
 
-    want = oracle_values(candidate, got.dtype)
-    return _as_ints(same_nans(got, want)) != _as_ints(want)
-
-
-def _as_ints(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+    return ~values_agree(got, candidate)
 
 
 def values_failure(backend: Any, recipe: Recipe, operand: str, x: torch.Tensor, label: str) -> str | None:
