@@ -54,16 +54,19 @@ PAGE = ROOT / "docs" / "conventions.md"
 class Library:
     """One surveyed library.
 
-    ``recipes``: what ``mxcheck.recipe_files.resolve_recipe`` takes (a name, RECIPE@PROFILE,
-    a recipe file), or ``mx:FMT:RULE`` (one MX element format and scale rule on every
-    operand copy, 1x32 blocks); empty: the adapter's ``claims``. ``checks``: a pytest ``-k``
-    expression choosing the conformance checks ("" runs all of them)."""
+    ``recipes`` (fitted) and ``conform`` (judged by ``mxcheck conform``): what
+    ``mxcheck.recipe_files.resolve_recipe`` takes (a name, RECIPE@PROFILE, a recipe file), or
+    ``mx:FMT:RULE`` (one MX element format and scale rule on every operand copy, 1x32 blocks).
+    Fits are made on plain recipes, so that a cell shows every convention; ``conform`` empty
+    means the adapter's ``claims`` (pinned to the profiles it declares). ``checks``: a pytest
+    ``-k`` expression choosing the conformance checks ("" runs all of them)."""
 
     name: str
     adapter: str
     packages: tuple[str, ...]  # distribution names; the first installed gives the release
     recipes: tuple[str, ...] = ()
     devices: tuple[str, ...] = ("cpu",)
+    conform: tuple[str, ...] = ()
     checks: str = ""
     exports_codes: bool = False  # its quantize() returns the codes it exports (the interop matrix's rows)
     notes: str = ""
@@ -77,17 +80,18 @@ LIBRARIES: dict[str, Library] = {lib.name: lib for lib in (
             exports_codes=True, notes="to_mx on every element format and scale rule it takes"),
     Library("transformer_engine", "transformer_engine", ("transformer-engine", "transformer_engine",
                                                           "transformer-engine-torch"),
-            ("fp8", "fp8-hybrid", "fp8-delayed", "fp8-block", "mxfp8", "nvfp4"), ("cuda",),
+            (), ("cuda",), conform=("fp8", "fp8-hybrid", "fp8-delayed", "fp8-block", "mxfp8", "nvfp4"),
             notes="te.pytorch.Linear under autocast: no quantizer to fit, the linear checks only"),
-    Library("aiter_triton", "aiter_triton", ("amd-aiter",), ("mxfp4-1x32", "ocp-mxfp4"), ("cuda",),
-            exports_codes=True, notes="dynamic_mxfp4_quant and gemm_afp4wfp4 (Triton)"),
+    Library("aiter_triton", "aiter_triton", ("amd-aiter",), ("mxfp4-1x32",), ("cuda",),
+            conform=("mxfp4-1x32",), exports_codes=True, notes="dynamic_mxfp4_quant and gemm_afp4wfp4 (Triton)"),
     Library("compressed_tensors", "compressed_tensors", ("compressed-tensors",),
-            ("nvfp4-1x16", "ocp-mxfp4", "fp8-tensorwise"), exports_codes=True,
-            notes="quantize / fake_quantize of compressed_tensors.quantization.lifecycle.forward"),
+            ("nvfp4-1x16", "mxfp4-1x32", "mx:e4m3:even", "fp8-tensorwise"), exports_codes=True,
+            notes="preset schemes NVFP4, MXFP4, MXFP8A16 and FP8: generate_gparam, compute_dynamic_scales_and_zp, "
+                  "then quantize / fake_quantize and the compressors' packers"),
     Library("modelopt", "modelopt", ("nvidia-modelopt",),
-            ("nvfp4-1x16", "ocp-mxfp8-e4m3", "ocp-mxfp4", "fp8-tensorwise"), exports_codes=True,
-            notes="NVFP4QTensor / MXFP8QTensor / MXFP4QTensor and the fake-quant functions of "
-                  "modelopt.torch.quantization"),
+            ("nvfp4-1x16", "mxfp8", "mx:e2m1:rceil", "fp8-tensorwise"), exports_codes=True,
+            notes="NVFP4QTensor, MXFP8QTensor, MXFP4QTensor and FP8QTensor quantize / dequantize (the export), "
+                  "scaled_e4m3 (QAT fake-quant, FP8)"),
 )}
 
 
@@ -152,7 +156,9 @@ def _conform(lib: Library, claims: list[str], work: Path) -> dict[str, Any]:
     args = [sys.executable, "-m", "mxcheck", "conform", "--backend", lib.adapter, "--report", str(report)]
     for c in claims:
         args += ["--recipe", c]
-    args += ["--", "-q", "-p", "no:cacheprovider"] + (["-k", lib.checks] if lib.checks else [])
+    plugin = [] if any(ep.name == "mxcheck" for ep in metadata.entry_points(group="pytest11")) else [
+        "-p", "mxcheck.plugin"]  # mxcheck on PYTHONPATH only, not installed: no entry point loads the plugin
+    args += ["--", "-q", "-p", "no:cacheprovider", *plugin] + (["-k", lib.checks] if lib.checks else [])
     start = time.monotonic()
     proc = subprocess.run(args, capture_output=True, text=True, check=False)
     out: dict[str, Any] = {"exit": proc.returncode, "seconds": round(time.monotonic() - start, 1),
@@ -198,14 +204,11 @@ def _child(lib: Library, device: str, out: Path) -> None:
         out.write_text(json.dumps({**run, "unavailable": str(why)}, indent=1))
         return
     start = time.monotonic()
-    recipes = [_recipe(c) for c in lib.recipes] if lib.recipes else list(getattr(backend, "claims", ()))
-    run["fits"] = [_fit(backend, r) for r in recipes]
+    run["fits"] = [_fit(backend, _recipe(c)) for c in lib.recipes]
     with tempfile.TemporaryDirectory() as tmp:
-        claims = list(lib.recipes)
-        for i, r in enumerate(recipes):  # grid recipes reach the conform CLI as recipe files
-            if lib.recipes and claims[i].startswith("mx:"):
-                claims[i] = str(_recipe_file(r, Path(tmp)))
-        run["conform"] = _conform(lib, claims if lib.recipes else [], Path(tmp))
+        # grid recipes reach the conform CLI as recipe files
+        claims = [str(_recipe_file(_recipe(c), Path(tmp))) if c.startswith("mx:") else c for c in lib.conform]
+        run["conform"] = _conform(lib, claims, Path(tmp))
     run["reproducers"] = _reproducers(lib)
     run["seconds"] = round(time.monotonic() - start, 1)
     out.write_text(json.dumps(run, indent=1, default=str))
@@ -282,12 +285,21 @@ def _cell(fit: dict | None) -> str:
 
 
 def _conform_cell(run: dict, recipe: str) -> str:
-    checks = run.get("conform", {}).get("checks", {})
-    mine = {k: v for k, v in checks.items() if k.split(" ")[0] == recipe.replace(":", "-")}
+    conform = run.get("conform", {})
+    if "error" in conform:
+        return "did not run"
+    mine = {k.split(" ", 1)[1]: v for k, v in conform.get("checks", {}).items() if k.split(" ", 1)[0] == recipe}
     if not mine:
         return "not run"
-    failed = sorted(k.split(" ", 1)[1] for k, v in mine.items() if v["failed"])
+    failed = sorted(k for k, v in mine.items() if v["failed"])
     return "passes" if not failed else "fails " + ", ".join(failed)
+
+
+def _table(first: str, rows: list[str], heads: list[str], cell: Any) -> list[str]:
+    lines = [f"| {first} | " + " | ".join(heads) + " |", "|---|" + "---|" * len(heads)]
+    for row in rows:
+        lines.append(f"| {row} | " + " | ".join(cell(row, i).replace("|", "\\|") for i in range(len(heads))) + " |")
+    return [*lines, ""]
 
 
 def _library_section(rec: dict) -> list[str]:
@@ -296,26 +308,30 @@ def _library_section(rec: dict) -> list[str]:
     lines = [f"## {rec['library']}", ""]
     if lib is not None and lib.notes:
         lines += [f"Adapter `{rec['adapter']}`: {lib.notes}.", ""]
+    lines += [f"Not runnable: {r['release']} ({r['device']}): {r['unavailable']}" for r in rec["runs"]
+              if "unavailable" in r]
     if not runs:
-        return [*lines, "No release was run yet.", ""]
+        return [*lines, "", "No release was run yet.", ""]
     heads = [f"{r['release']} ({r['device']})" for r in runs]
-    lines += ["| recipe | " + " | ".join(heads) + " |", "|---|" + "---|" * len(runs)]
-    recipes = list(dict.fromkeys(f["recipe"] for r in runs for f in r.get("fits", [])))
-    for recipe in recipes:
-        cells = []
-        for r in runs:
-            fit = next((f for f in r.get("fits", []) if f["recipe"] == recipe), None)
-            cells.append(f"{_cell(fit)}; conformance {_conform_cell(r, recipe)}".replace("|", "\\|"))
-        lines.append(f"| {recipe} | " + " | ".join(cells) + " |")
-    lines += ["", "Survey time: " + ", ".join(f"{h} {r.get('seconds', '?')} s" for h, r in zip(heads, runs,
-                                                                                            strict=True)) + ".", ""]
+    fits = list(dict.fromkeys(f["recipe"] for r in runs for f in r.get("fits", [])))
+    if fits:
+        lines += ["Fitted profile (`mxcheck fit`, operand x_row):", ""]
+        lines += _table("recipe", fits, heads, lambda recipe, i: _cell(
+            next((f for f in runs[i].get("fits", []) if f["recipe"] == recipe), None)))
+    claims = list(dict.fromkeys(k.split(" ", 1)[0] for r in runs for k in r.get("conform", {}).get("checks", {})))
+    if claims:
+        lines += ["Conformance (`mxcheck conform` on " + ("the adapter's claims" if lib is None or not lib.conform
+                                                          else "these recipes") + "):", ""]
+        lines += _table("claim", claims, heads, lambda claim, i: _conform_cell(runs[i], claim))
+    lines += ["Survey time: " + ", ".join(f"{h} {r.get('seconds', '?')} s" for h, r in zip(heads, runs, strict=True))
+              + ".", ""]
     if rec["defects"]:
-        lines += ["Defects (each reproducer is one block; it exits 1 while the defect is there):", "",
+        lines += [f"Defects (reproducers: `references/conventions/{rec['library']}/DEFECT.py`, one block each, exit 1 "
+                  "while the defect is there):", "",
                   "| defect | effect | cause | " + " | ".join(heads) + " |", "|---|---|---|" + "---|" * len(runs)]
         for d in rec["defects"]:
             seen = [{1: "yes", 0: "fixed"}.get(r.get("reproducers", {}).get(d["id"]), "not run") for r in runs]
-            link = f"[{d['id']}](https://github.com/mxcheck/mxcheck/blob/main/references/conventions/" \
-                   f"{rec['library']}/{d['id']}.py)"
+            link = f"`{d['id']}`"
             lines.append(f"| {link} | {d['effect']} | {d['cause']} | " + " | ".join(seen) + " |")
         lines.append("")
     return lines
