@@ -32,6 +32,7 @@ back to merge a GPU run).
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import math
 import os
@@ -179,10 +180,32 @@ def _conform(lib: Library, claims: list[str], work: Path) -> dict[str, Any]:
     return out
 
 
+def reproducer_files(library: str) -> list[Path]:
+    """The committed reproducers of a library's defects (``_*.py`` are their shared helpers)."""
+    return sorted(p for p in (RECORDS / library).glob("*.py") if not p.name.startswith("_"))
+
+
+def defects(library: str) -> list[dict[str, str]]:
+    """Each reproducer's defect, from its docstring: the title line, and the ``effect:``,
+    ``cause:`` and ``recipe:`` lines (written by hand, each checked against the library's code)."""
+    out = []
+    for path in reproducer_files(library):
+        doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+        fields = dict(line.split(": ", 1) for line in doc.splitlines()[1:] if line.split(":")[0] in _DEFECT_FIELDS)
+        missing = [f for f in _DEFECT_FIELDS if f not in fields]
+        if missing:
+            raise ValueError(f"reproducer {path}: its docstring has no {', '.join(missing)} line")
+        out.append({"id": path.stem, "title": doc.splitlines()[0], **fields})
+    return out
+
+
+_DEFECT_FIELDS = ("effect", "cause", "recipe")
+
+
 def _reproducers(lib: Library) -> dict[str, int]:
     """Each committed reproducer's exit status on this release (1: the defect is there)."""
     out = {}
-    for path in sorted((RECORDS / lib.name).glob("*.py")):
+    for path in reproducer_files(lib.name):
         proc = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, check=False)
         out[path.stem] = proc.returncode
     return out
@@ -239,7 +262,7 @@ def survey(lib: Library, device: str, pythons: list[str], installs: Path | None,
     record = json.loads(path.read_text()) if path.exists() else {}
     record.update({"library": lib.name, "adapter": lib.adapter, "packages": list(lib.packages)})
     record.setdefault("runs", [])
-    record.setdefault("defects", [])
+    record["defects"] = defects(lib.name)
     for python, extra in _children(lib, device, pythons, installs):
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "run.json"
@@ -328,11 +351,12 @@ def _library_section(rec: dict) -> list[str]:
     if rec["defects"]:
         lines += [f"Defects (reproducers: `references/conventions/{rec['library']}/DEFECT.py`, one block each, exit 1 "
                   "while the defect is there):", "",
-                  "| defect | effect | cause | " + " | ".join(heads) + " |", "|---|---|---|" + "---|" * len(runs)]
+                  "| defect | effect | cause (in the library's source) | recipe | " + " | ".join(heads) + " |",
+                  "|---|---|---|---|" + "---|" * len(runs)]
         for d in rec["defects"]:
             seen = [{1: "yes", 0: "fixed"}.get(r.get("reproducers", {}).get(d["id"]), "not run") for r in runs]
             link = f"`{d['id']}`"
-            lines.append(f"| {link} | {d['effect']} | {d['cause']} | " + " | ".join(seen) + " |")
+            lines.append(f"| {link} | {d['effect']} | {d['cause']} | {d['recipe']} | " + " | ".join(seen) + " |")
         lines.append("")
     return lines
 
