@@ -245,6 +245,78 @@ def _recipe_file(recipe: Any, where: Path) -> Path:
     return path
 
 
+# ---- interop: one library's exported codes read by another's dequantization ---------------------
+
+ORACLE = "the format's definition (mxcheck)"
+
+
+def _interop_inputs() -> list[Any]:
+    """Tensors the matrix is measured on: randn rows at three magnitudes, one all-zero row."""
+    import torch  # noqa: PLC0415
+
+    gen = torch.Generator().manual_seed(0)
+    rows = [torch.randn(8, 256, generator=gen) * amax for amax in (1.0, 1e-3, 300.0)]
+    return [torch.cat([*rows, torch.zeros(1, 256)])]
+
+
+def _interop_child(out: Path) -> None:
+    """Per exporting library and claim: for each other library that reads that format, how
+    many values of its dequantization of the exported codes differ from the exporter's own
+    values (both rounded to bfloat16, the dtype a model is served in; NaN equals NaN)."""
+
+    from mxcheck import backends  # noqa: PLC0415
+
+    here = {}
+    for lib in LIBRARIES.values():
+        backend = backends.get(lib.adapter)
+        if lib.exports_codes and backend.available()[0]:
+            here[lib.name] = backend
+    readers = {n: b for n, b in here.items() if hasattr(b, "dequantize")}
+
+    def differ(a: Any, b: Any) -> int:
+        a, b = a.float().bfloat16(), b.float().bfloat16()
+        return int(((a != b) & ~(a.isnan() & b.isnan())).sum())
+
+    result: dict[str, Any] = {"releases": {n: _release(LIBRARIES[n]) for n in here}, "matrix": {}}
+    for name, exporter in here.items():
+        if not hasattr(exporter, "fake_quantize"):
+            continue  # its own values are the reference
+        for claim in exporter.claims:
+            spec = claim.spec("x_row")
+            cells = {}
+            for x in _interop_inputs():
+                own, q = exporter.fake_quantize(x, spec), exporter.quantize(x, spec)
+                counts = {ORACLE: differ(q.dequantize(), own)}
+                for reader_name, reader in readers.items():
+                    same_format = [c.spec("x_row") for c in reader.claims if (c.x_row.fmt, c.x_row.scaling,
+                                   c.x_row.block_size) == (spec.fmt, spec.scaling, spec.block_size)]
+                    if reader_name != name and same_format:
+                        counts[reader_name] = differ(reader.dequantize(q, same_format[0]), own)
+                for k, v in counts.items():
+                    cells[k] = cells.get(k, 0) + v
+            total = sum(x.numel() for x in _interop_inputs())
+            result["matrix"][f"{name} {claim.name}"] = {
+                k: "same" if v == 0 else f"{v:,} of {total:,} differ" for k, v in cells.items()}
+    out.write_text(json.dumps(result, indent=1))
+
+
+def interop(python: str, records: Path) -> None:
+    """Run the interop matrix where ``python`` imports the exporting libraries; store each
+    exporter's row in its record."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "interop.json"
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+        subprocess.run([python, __file__, "--interop-child", str(out)], env=env, check=True)
+        result = json.loads(out.read_text())
+    for name in result["releases"]:
+        path = records / f"{name}.json"
+        record = json.loads(path.read_text()) if path.exists() else {"library": name, "runs": [], "defects": []}
+        records.mkdir(parents=True, exist_ok=True)
+        record["interop"] = {"releases": result["releases"],
+                             "rows": {k: v for k, v in result["matrix"].items() if k.split(" ")[0] == name}}
+        path.write_text(json.dumps(record, indent=1, default=str) + "\n")
+
+
 # ---- the parent: one child per release, then the records and the page -----------------------
 
 def _children(lib: Library, device: str, pythons: list[str], installs: Path | None) -> list[tuple[str, dict]]:
@@ -362,18 +434,21 @@ def _library_section(rec: dict) -> list[str]:
 
 
 def _interop(records: list[dict]) -> list[str]:
-    cells = {(r["library"], e): v for r in records for e, v in r.get("interop", {}).items()}
-    if not cells:
+    rows = {k: v for r in records for k, v in r.get("interop", {}).get("rows", {}).items()}
+    if not rows:
         return []
-    libs = sorted({a for a, _ in cells} | {b for _, b in cells})
+    releases = {k: v for r in records for k, v in r.get("interop", {}).get("releases", {}).items()}
+    readers = [ORACLE, *sorted({reader for cells in rows.values() for reader in cells} - {ORACLE})]
     lines = ["## Interop: one library's codes read by another", "",
-             "A row exports codes (its own quantizer and packer); a column dequantizes them with its own "
-             "function. *same* means every value equals the exporter's own dequantization bit for bit on the "
-             "quantize check's inputs; otherwise the count of values that differ.", "",
-             "| exporter \\ reader | " + " | ".join(libs) + " |", "|---|" + "---|" * len(libs)]
-    for a in sorted({a for a, _ in cells}):
-        lines.append(f"| {a} | " + " | ".join(cells.get((a, b), "") for b in libs) + " |")
-    return [*lines, ""]
+             "A row is a library's export (its quantizer's codes and scales, for one of its configurations); a "
+             "column is a dequantization of those codes: the format's definition (mxcheck's oracle "
+             "`dequantize`), or another library's own dequantization of that format (its decompressor), given "
+             "the codes and scales converted to the fields its checkpoints hold. *same*: every value equals "
+             "the exporter's own values (its fake-quant), both rounded to bfloat16 (NaN equals NaN), on randn "
+             "rows at amax 1, 1e-3 and 300 and an all-zero row; otherwise how many differ. Releases: "
+             + ", ".join(f"{k} {v}" for k, v in sorted(releases.items())) + ".", ""]
+    lines += _table("export", sorted(rows), readers, lambda row, i: rows[row].get(readers[i], "n/a"))
+    return lines
 
 
 def page(records: list[dict]) -> str:
@@ -409,16 +484,24 @@ def main() -> int:
     ap.add_argument("--installs", type=Path, help="a directory of PACKAGE-VERSION --target installs")
     ap.add_argument("--out", type=Path, default=RECORDS, help="where the records go. Default: %(default)s")
     ap.add_argument("--page-only", action="store_true", help="regenerate the page from the records")
+    ap.add_argument("--interop", metavar="PY", help="measure the interop matrix with this interpreter (one that "
+                    "imports every exporting library)")
     ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--interop-child", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         _child(LIBRARIES[args.library[0]], args.device, args.child)
+        return 0
+    if args.interop_child:
+        _interop_child(args.interop_child)
         return 0
     for name in args.library:
         lib = LIBRARIES[name]
         if args.device not in lib.devices:
             ap.error(f"--device {args.device}: {name} is surveyed on {list(lib.devices)}")
         survey(lib, args.device, args.python, args.installs, args.out)
+    if args.interop:
+        interop(args.interop, args.out)
     if args.out == RECORDS:
         PAGE.write_text(page(_records(RECORDS)))
         print(f"wrote {PAGE.relative_to(ROOT)}")
