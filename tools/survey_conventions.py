@@ -408,6 +408,8 @@ def _library_section(rec: dict) -> list[str]:
     if not runs:
         return [*lines, "", "No release was run yet.", ""]
     heads = [f"{r['release']} ({r['device']})" for r in runs]
+    lines += [f"{h}: {r['note']}." for h, r in zip(heads, runs, strict=True) if r.get("note")]
+    lines += [""] if any(r.get("note") for r in runs) else []
     fits = list(dict.fromkeys(f["recipe"] for r in runs for f in r.get("fits", [])))
     if fits:
         lines += ["Fitted profile (`mxcheck fit`, operand x_row):", ""]
@@ -466,7 +468,8 @@ def page(records: list[dict]) -> str:
     lines += _interop(records)
     not_run = [n for n in LIBRARIES if n not in {r["library"] for r in records}]
     if not_run:
-        lines += [f"Not surveyed yet: {', '.join(not_run)}.", ""]
+        lines += [f"Not surveyed yet: {', '.join(not_run)} (on a GPU: `python tools/survey_conventions.py --library "
+                  "NAME --device cuda --out DIR`, then the records copied into `references/conventions/`).", ""]
     return "\n".join(lines)
 
 
