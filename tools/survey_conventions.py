@@ -250,13 +250,21 @@ def _recipe_file(recipe: Any, where: Path) -> Path:
 ORACLE = "the format's definition (mxcheck)"
 
 
-def _interop_inputs() -> list[Any]:
-    """Tensors the matrix is measured on: randn rows at three magnitudes, one all-zero row."""
+def _interop_inputs(spec: Any, dtypes: tuple) -> list[Any]:
+    """The quantize check's inputs for ``spec`` (every family, in each dtype the exporter takes)."""
     import torch  # noqa: PLC0415
 
+    from mxcheck.conformance.basic import QUANTIZE_INPUTS  # noqa: PLC0415
+
     gen = torch.Generator().manual_seed(0)
-    rows = [torch.randn(8, 256, generator=gen) * amax for amax in (1.0, 1e-3, 300.0)]
-    return [torch.cat([*rows, torch.zeros(1, 256)])]
+    return [t for family in QUANTIZE_INPUTS.values() for dtype, _, t in family.tensors(gen, spec, 256, 512)
+            if dtype in dtypes]
+
+
+def _definition(q: Any) -> Any:
+    """The values an export's fields mean by the format's definition: NVFP4 code x block scale
+    x the exported per-tensor decode factor; MX and FP8 as mxcheck's tensors dequantize."""
+    return q.block_values() * q.tensor_scale if hasattr(q, "block_scales") else q.dequantize()
 
 
 def _interop_child(out: Path) -> None:
@@ -265,6 +273,7 @@ def _interop_child(out: Path) -> None:
     values (both rounded to bfloat16, the dtype a model is served in; NaN equals NaN)."""
 
     from mxcheck import backends  # noqa: PLC0415
+    from mxcheck.backends.contract import Refusal  # noqa: PLC0415
 
     here = {}
     for lib in LIBRARIES.values():
@@ -283,20 +292,29 @@ def _interop_child(out: Path) -> None:
             continue  # its own values are the reference
         for claim in exporter.claims:
             spec = claim.spec("x_row")
-            cells = {}
-            for x in _interop_inputs():
-                own, q = exporter.fake_quantize(x, spec), exporter.quantize(x, spec)
-                counts = {ORACLE: differ(q.dequantize(), own)}
+            cells, crashes, total = {}, {}, 0
+            for x in _interop_inputs(spec, tuple(getattr(exporter, "input_dtypes", ()))):
+                try:
+                    own, q = exporter.fake_quantize(x, spec), exporter.quantize(x, spec)
+                except Refusal:
+                    continue
+                total += x.numel()
+                reads = {ORACLE: lambda q=q: _definition(q)}
                 for reader_name, reader in readers.items():
                     same_format = [c.spec("x_row") for c in reader.claims if (c.x_row.fmt, c.x_row.scaling,
                                    c.x_row.block_size) == (spec.fmt, spec.scaling, spec.block_size)]
                     if reader_name != name and same_format:
-                        counts[reader_name] = differ(reader.dequantize(q, same_format[0]), own)
-                for k, v in counts.items():
-                    cells[k] = cells.get(k, 0) + v
-            total = sum(x.numel() for x in _interop_inputs())
+                        reads[reader_name] = lambda q=q, r=reader, s=same_format[0]: r.dequantize(q, s)
+                for k, read in reads.items():
+                    try:
+                        n = differ(read(), own)
+                    except Exception as e:  # a reader that cannot read an export is a finding
+                        crashes.setdefault(k, f"cannot read it: {type(e).__name__}: {str(e)[:80]}")
+                        continue
+                    cells[k] = cells.get(k, 0) + n
             result["matrix"][f"{name} {claim.name}"] = {
-                k: "same" if v == 0 else f"{v:,} of {total:,} differ" for k, v in cells.items()}
+                k: crashes.get(k) or ("same" if cells[k] == 0 else f"{cells[k]:,} of {total:,} differ")
+                for k in {**cells, **crashes}}
     out.write_text(json.dumps(result, indent=1))
 
 
@@ -446,8 +464,9 @@ def _interop(records: list[dict]) -> list[str]:
              "column is a dequantization of those codes: the format's definition (mxcheck's oracle "
              "`dequantize`), or another library's own dequantization of that format (its decompressor), given "
              "the codes and scales converted to the fields its checkpoints hold. *same*: every value equals "
-             "the exporter's own values (its fake-quant), both rounded to bfloat16 (NaN equals NaN), on randn "
-             "rows at amax 1, 1e-3 and 300 and an all-zero row; otherwise how many differ. Releases: "
+             "the exporter's own values (its fake-quant), both rounded to bfloat16 (NaN equals NaN), on the "
+             "quantize check's inputs (every input family, in each dtype the exporter takes); "
+             "otherwise how many differ. Releases: "
              + ", ".join(f"{k} {v}" for k, v in sorted(releases.items())) + ".", ""]
     lines += _table("export", sorted(rows), readers, lambda row, i: rows[row].get(readers[i], "n/a"))
     return lines
