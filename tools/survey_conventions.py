@@ -26,7 +26,12 @@ with ``pip install --no-deps --target DIR/PACKAGE-VERSION PACKAGE==VERSION``::
     python tools/survey_conventions.py --page-only                                 # regenerate the page
 
 ``--out DIR`` writes the records under DIR instead of ``references/conventions`` (copy them
-back to merge a GPU run).
+back to merge a GPU run); ``--interop PY`` measures the interop matrix with an interpreter that
+imports every exporting library.
+
+One file (over the house's 400 lines) because it is one script run in three roles: the parent,
+the child it starts under each release's interpreter (``--child``, ``--interop-child``: the
+same file, so no import path is needed there) and the page's writer.
 """
 
 from __future__ import annotations
@@ -438,8 +443,8 @@ def _library_section(rec: dict) -> list[str]:
         lines += ["Conformance (`mxcheck conform` on " + ("the adapter's claims" if lib is None or not lib.conform
                                                           else "these recipes") + "):", ""]
         lines += _table("claim", claims, heads, lambda claim, i: _conform_cell(runs[i], claim))
-    lines += ["Survey time: " + ", ".join(f"{h} {r.get('seconds', '?')} s" for h, r in zip(heads, runs, strict=True))
-              + ".", ""]
+    timed = [f"{h} {r['seconds']} s" for h, r in zip(heads, runs, strict=True) if "seconds" in r]
+    lines += [f"Survey time (wall, on a shared 2-core machine): {', '.join(timed)}.", ""] if timed else []
     if rec["defects"]:
         lines += [f"Defects (reproducers: `references/conventions/{rec['library']}/DEFECT.py`, one block each, exit 1 "
                   "while the defect is there):", "",
@@ -461,14 +466,15 @@ def _interop(records: list[dict]) -> list[str]:
     readers = [ORACLE, *sorted({reader for cells in rows.values() for reader in cells} - {ORACLE})]
     lines = ["## Interop: one library's codes read by another", "",
              "A row is a library's export (its quantizer's codes and scales, for one of its configurations); a "
-             "column is a dequantization of those codes: the format's definition (mxcheck's oracle "
-             "`dequantize`), or another library's own dequantization of that format (its decompressor), given "
+             "column is a dequantization of those codes: the format's definition (the codes' values times the "
+             "exported scales, as mxcheck's tensors decode them), or another library's own dequantization of that format (its decompressor), given "
              "the codes and scales converted to the fields its checkpoints hold. *same*: every value equals "
              "the exporter's own values (its fake-quant), both rounded to bfloat16 (NaN equals NaN), on the "
              "quantize check's inputs (every input family, in each dtype the exporter takes); "
              "otherwise how many differ. Releases: "
              + ", ".join(f"{k} {v}" for k, v in sorted(releases.items())) + ".", ""]
-    lines += _table("export", sorted(rows), readers, lambda row, i: rows[row].get(readers[i], "n/a"))
+    lines += _table("export", sorted(rows), readers, lambda row, i: rows[row].get(
+        readers[i], "(its own)" if readers[i] == row.split(" ")[0] else "n/a"))
     return lines
 
 
