@@ -210,6 +210,8 @@ _BUILTIN = {
     "triton": "mxcheck.backends.triton_mx:TritonMXBackend",
     "aiter": "mxcheck.backends.aiter:AiterBackend",
     "aiter_triton": "mxcheck.backends.aiter_triton:AiterTritonBackend",
+    "compressed_tensors": "mxcheck.backends.compressed_tensors_backend:CompressedTensorsBackend",
+    "modelopt": "mxcheck.backends.modelopt_backend:ModelOptBackend",
     "primus_turbo": "mxcheck.backends.primus_turbo:PrimusTurboBackend",
     "torch": "mxcheck.backends.torch_scaled_mm:TorchScaledMMBackend",
     "torchao": "mxcheck.backends.torchao_backend:TorchaoBackend",

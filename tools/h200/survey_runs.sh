@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# On the GPU machine, after install_carried.sh: the survey's GPU libraries (records under
-# $OUT/conv, copied into references/conventions/), then `mxcheck fit` of each GPU backend on its
-# device beside the conformance run whose attribution it must agree with.
+# On the GPU machine: the survey's GPU libraries, each record merged with the runs the checkout's
+# record has (the CPU ones) under $OUT/conv; copy them back and regenerate the page:
+#   cp OUT/conv/*.json references/conventions/ && python tools/survey_conventions.py --page-only
+# then `mxcheck fit` of each GPU backend on its device (FITS). TransformerEngine needs
+# install_carried.sh first; torchao's releases and AITER's files travel in .te/ (tools/README.md).
 #   LIBS="torchao aiter_triton" FITS="torchao:mxfp8 aiter_triton:mxfp4-1x32" bash tools/h200/survey_runs.sh
 set -uo pipefail
 # AITER's files without its HIP __init__ (tools/h200/aiter_loader.py); its dist-info goes where
@@ -17,6 +19,7 @@ for w in .te/tao/torchao-*.whl; do
     v=$(basename "$w" | cut -d- -f2)
     python3 -m pip install -q --no-index --no-deps --no-compile --target "/tmp/inst/torchao-$v" "$w"
 done
+mkdir -p "$OUT/conv" && cp references/conventions/*.json "$OUT/conv/"
 for lib in ${LIBS:-}; do
     extra=""; [ "$lib" = torchao ] && extra="--installs /tmp/inst"
     start=$(date +%s)
