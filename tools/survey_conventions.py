@@ -361,7 +361,10 @@ def survey(lib: Library, device: str, pythons: list[str], installs: Path | None,
     for python, extra in _children(lib, device, pythons, installs):
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "run.json"
-            path_entries = [p for p in (extra.get("dir"), str(ROOT)) if p]
+            # the release's folder and this checkout first; the caller's PYTHONPATH after them (on the
+            # GPU machine it holds the carried packages' dist-info, where the release is read)
+            outer = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+            path_entries = [p for p in (extra.get("dir"), str(ROOT), *outer) if p]
             env = {**os.environ, "PYTHONPATH": os.pathsep.join(path_entries), "OMP_NUM_THREADS": "1"}
             if device == "cpu":
                 env["CUDA_VISIBLE_DEVICES"] = ""  # a GPU host's adapters would otherwise pick cuda
