@@ -23,19 +23,23 @@ from mxcheck.diagnose.behaviour import Behaviour
 from mxcheck.diagnose.conventions import (
     CONVENTION_OF,
     CONVENTIONS,
-    ZERO_BYTE_CONVENTIONS,
     Convention,
     _convention_run,
     convention_behaviour,
     spec_profile,
 )
-from mxcheck.diagnose.failures import FAILURES, NOT_BLOCK_BEHAVIOURS, element_format
+from mxcheck.diagnose.failures import (
+    FAILURES,
+    NOT_BLOCK_BEHAVIOURS,
+    ZERO_BLOCK_BYTES,
+    element_format,
+)
 from mxcheck.diagnose.precision import PRECISION_FAILURES
 from mxcheck.profiles import ALL_PROFILES
 from mxcheck.recipes import OperandSpec
 
 __all__ = ["CONVENTIONS", "CONVENTION_OF", "FAILURES", "NOT_BLOCK_BEHAVIOURS", "PRECISION_FAILURES",
-           "QUANTIZE_BEHAVIOURS", "ZERO_BYTE_CONVENTIONS", "Convention", "combined", "element_format",
+           "QUANTIZE_BEHAVIOURS", "ZERO_BLOCK_BYTES", "Convention", "combined", "element_format",
            "spec_profile"]
 
 _convention_behaviour = convention_behaviour  # the name mxcheck.diagnose.fit imports
@@ -102,8 +106,8 @@ def combined(*behaviours: Behaviour) -> Behaviour | None:
 
 QUANTIZE_BEHAVIOURS: tuple[Behaviour, ...] = (
     *(_convention_behaviour(c) for c in CONVENTIONS),
-    *(_convention_behaviour(c) for c in ZERO_BYTE_CONVENTIONS),
     *FAILURES,
     *PRECISION_FAILURES,
+    *ZERO_BLOCK_BYTES,
     *(_profile_behaviour(name) for name in ALL_PROFILES),
 )

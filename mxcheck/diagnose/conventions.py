@@ -4,9 +4,7 @@ A :class:`Convention` is one field of a profile kind (``mxcheck.profiles.Profile
 ``mxcheck.profile_kinds`` for NVFP4 and FP8) set to a value a released implementation uses:
 the spec's own quantizer (``spec_profile``) with that one field changed (a float32 log2,
 ties away, no signed zero, the 2^-126 clamp, ...). ``CONVENTIONS`` are the ones the fit moves
-over (``mxcheck.diagnose.fit``); ``ZERO_BYTE_CONVENTIONS`` are the other zero-block bytes an
-MX kernel may store, which attribution tries and the fit does not (a byte is read off the
-data, not searched).
+over (``mxcheck.diagnose.fit``).
 """
 
 from __future__ import annotations
@@ -24,8 +22,7 @@ from mxcheck.profiles import FP8Profile, NVFP4Profile, Profile, get_profile
 from mxcheck.recipes import OperandSpec
 from mxcheck.scaling.mx import MXTensor
 
-__all__ = ["CONVENTIONS", "CONVENTION_OF", "ZERO_BYTE_CONVENTIONS", "Convention", "convention_behaviour",
-           "spec_profile"]
+__all__ = ["CONVENTIONS", "CONVENTION_OF", "Convention", "convention_behaviour", "spec_profile"]
 
 
 # ---- the spec's own quantizer as a profile ------------------------------------------------
@@ -118,7 +115,7 @@ def _has_zero_block(x: torch.Tensor, block: int) -> bool:
 def _convention_run(c: Convention) -> Callable[..., Any]:
     def run(x: torch.Tensor, spec: OperandSpec, oracle: Any) -> Any:
         if c.field == "zero_scale" and not _has_zero_block(x, spec.block_size):
-            return None  # the zero-block byte changes nothing here (and 255 of them are tried)
+            return None  # the zero-block byte changes nothing here
         base = spec_profile(spec, x)
         if base is None and c.kind is Profile and (tiled := _tiles_as_blocks(c, spec, x, oracle)) is not None:
             return tiled
@@ -253,11 +250,4 @@ def convention_behaviour(c: Convention) -> Behaviour:
     return Behaviour(c.key, c.title, "quantize", _convention_run(c), c.cases, c.seen_in)
 
 
-# Every other byte an all-zero MX block may store (a floor constant's byte, a sentinel): tried
-# by attribution, not moved over by the fit (253 moves for one field).
-ZERO_BYTE_CONVENTIONS: tuple[Convention, ...] = tuple(
-    Convention(Profile, "zero_scale", b, f"an all-zero block stores byte {b} (2^{b - 127})", (),
-               "released MX libraries whose zero-block scale is a floor constant's")
-    for b in range(1, 255) if b != 127)
-
-CONVENTION_OF: dict[str, Convention] = {c.key: c for c in (*CONVENTIONS, *ZERO_BYTE_CONVENTIONS)}
+CONVENTION_OF: dict[str, Convention] = {c.key: c for c in CONVENTIONS}

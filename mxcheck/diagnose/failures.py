@@ -10,6 +10,7 @@ tensor, a NaN or Inf amax with no special case in a tensorwise scale, NaN codes'
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -24,7 +25,7 @@ from mxcheck.scaling.mx import MXTensor
 from mxcheck.scaling.nvfp4 import NVFP4Tensor
 from mxcheck.scaling.rules import E8M0_NAN
 
-__all__ = ["FAILURES", "NOT_BLOCK_BEHAVIOURS", "element_format"]
+__all__ = ["FAILURES", "NOT_BLOCK_BEHAVIOURS", "ZERO_BLOCK_BYTES", "element_format"]
 
 
 def _with_codes(q: Any, codes: torch.Tensor) -> Any:
@@ -122,6 +123,28 @@ def _fp8_eps_floor(x: torch.Tensor, spec: OperandSpec, oracle: Any) -> Any:
     rows = floored.reshape(-1, 1) if floored.numel() > 1 else floored.reshape(())
     return replace(oracle, codes=torch.where(rows, codes, oracle.codes), scale=scale,
                    scale_inv=torch.where(floored, torch.reciprocal(scale), oracle.scale_inv))
+
+
+def _zero_block_byte(byte: int) -> Callable[..., Any]:
+    # An all-zero MX block stores ``byte``: its codes are 0 under any scale, so only the byte
+    # moves (cheap: 253 of these are tried, one per byte no convention names).
+    def run(x: torch.Tensor, spec: OperandSpec, oracle: Any) -> Any:
+        if not (isinstance(oracle, MXTensor) and not oracle.block_2d and oracle.axis == x.ndim - 1
+                and x.shape == oracle.codes.shape):
+            return None
+        zero = (x.unflatten(-1, (-1, oracle.block_size)) == 0).all(-1)
+        if not bool(zero.any()):
+            return None
+        return replace(oracle, scales=torch.where(zero, torch.tensor(byte, dtype=torch.uint8), oracle.scales))
+    return run
+
+
+# Every byte an all-zero MX block may store that no convention names (a floor constant's byte,
+# a sentinel); keys as the zero_scale convention's, so a profile reads them the same.
+ZERO_BLOCK_BYTES: tuple[Behaviour, ...] = tuple(
+    Behaviour(f"mx.zero_scale={b}", f"an all-zero block stores byte {b} (2^{b - 127})", "quantize",
+              _zero_block_byte(b), (), "released MX libraries whose zero-block scale is a floor constant's")
+    for b in range(1, 255) if b != 127)
 
 
 def _signed_zero_block(x: torch.Tensor, spec: OperandSpec, oracle: Any) -> Any:
@@ -235,8 +258,6 @@ def _inf_not_saturated(x: torch.Tensor, spec: OperandSpec, oracle: Any) -> Any:
 
 
 NOT_BLOCK_BEHAVIOURS: dict[int, str] = {
-    2: "a float32 artefact of microxcaling's Python rounding just below a tie (floor(|x| + 0.5)); profile "
-       "microxcaling does not model it",
     14: "casts of a float to the E8M0 dtype by torch, ml_dtypes and gfloat (witnesses), not a block scale rule",
     17: "FP8 power-of-2 scales (OperandSpec.power_of_2) are not modelled by the FP8 profile kind",
     18: "a delayed-scaling history rule across steps; check_quantize judges one fresh step",
