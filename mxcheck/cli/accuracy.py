@@ -38,15 +38,19 @@ def run_accuracy(args: argparse.Namespace) -> int:
         raise CommandError(f"--case {unknown[0]!r} is not a labelled case; known: {', '.join(known)}")
     cases = [known[n] for n in args.case] if args.case else list(accuracy.CASES)
 
+    done: list[accuracy.Outcome] = []
+
     def progress(o: accuracy.Outcome) -> None:
         verdict = "named" if o.named else ("WRONG" if o.wrong else "missed")
-        print(f"{o.case}: {verdict} ({', '.join(o.headline) or 'no headline'}; {o.seconds:g} s)", file=sys.stderr)
+        print(f"{o.case}: {verdict} ({', '.join(o.headline) or 'no headline'}; {o.cpu_seconds:g} CPU s)",
+              file=sys.stderr)
+        done.append(o)
+        if args.write is not None:  # after each case: a long run stopped halfway keeps what it measured
+            args.write.parent.mkdir(parents=True, exist_ok=True)
+            args.write.write_text(json.dumps(accuracy.record(done, quick=args.quick), indent=1) + "\n")
 
     outcomes = accuracy.run_cases(cases, quick=args.quick, progress=progress)
     data = accuracy.record(outcomes, quick=args.quick)
-    if args.write is not None:
-        args.write.parent.mkdir(parents=True, exist_ok=True)
-        args.write.write_text(json.dumps(data, indent=1) + "\n")
     if args.json:
         out(to_json(data))
     else:
