@@ -47,13 +47,16 @@ def _o(case: str, klass: str, truth: str, headline: tuple[str, ...], failed: boo
 def test_precision_counts_wrong_headlines_and_recall_counts_every_case():
     outcomes = [_o("a", "packing", "x", ("x",)), _o("b", "packing", "x", ("y",)),  # named; wrong
                 _o("c", "packing", "x", ()), _o("d", "packing", "x", (), failed=False),  # two misses
-                _o("e", "layouts", "z", ("z", "w"))]  # ties: the true cause among them is named
+                _o("e", "layouts", "z", ("z", "w")),  # ties: the true cause among them is named
+                _o("f", "layouts", "p & q & r", ("p & r",))]  # part of a true combination: a miss
     by = {s.klass: s for s in score(outcomes)}
     assert (by["packing"].headed, by["packing"].named) == (2, 1)
     assert by["packing"].precision == 0.5 and by["packing"].recall == 0.25
     assert by["packing"].wrong == ("b",) and by["packing"].misses == ("c", "d")
-    assert (by["layouts"].precision, by["layouts"].recall) == (1.0, 1.0)
-    assert (by["total"].cases, by["total"].headed, by["total"].named) == (5, 3, 2)
+    assert (by["layouts"].precision, by["layouts"].recall) == (1.0, 0.5)
+    assert by["layouts"].misses == ("f",) and by["layouts"].wrong == ()
+    assert (by["total"].cases, by["total"].headed, by["total"].named) == (6, 4, 2)
+    assert by["total"].precision == 0.75
 
 
 @pytest.mark.parametrize("name", QUICK)
