@@ -21,7 +21,7 @@ __all__ = ["accuracy_args", "run_accuracy"]
 
 def accuracy_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--case", action="append", default=[], metavar="NAME",
-                   help="run only this case (repeatable). Default: every case")
+                   help="run only this case (repeatable; none: every case). Default: %(default)r")
     p.add_argument("--quick", action="store_true",
                    help="feed each quantize case only the input families that show its bug. Default: %(default)r")
     p.add_argument("--write", type=Path, metavar="FILE.json",
