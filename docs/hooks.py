@@ -26,6 +26,7 @@ if __name__ == "__main__":  # run as a script: this checkout's mxcheck, not an i
 from mxcheck import false_failure as ff  # noqa: E402
 from mxcheck.conformance.inputs import families_table  # noqa: E402
 from mxcheck.diagnose import CATALOGUE, NOT_BLOCK_BEHAVIOURS  # noqa: E402
+from mxcheck.diagnose.catalogue import ZERO_BLOCK_BYTES  # noqa: E402
 from mxcheck.diagnose.relations import KINDS as RELATION_KINDS  # noqa: E402
 from mxcheck.divergence import DIVERGENCE_TABLE  # noqa: E402
 from mxcheck.profiles import ALL_PROFILES  # noqa: E402
@@ -117,8 +118,12 @@ def false_failure() -> str:
 
 
 def catalogue() -> str:
+    zero_bytes = {c.key for c in ZERO_BLOCK_BYTES}
     rows = [(f"`{b.key}`", b.level, b.title, ", ".join(map(str, b.cases)) or "-", b.seen_in or "-")
-            for b in CATALOGUE.values()]
+            for b in CATALOGUE.values() if b.key not in zero_bytes]
+    first = ZERO_BLOCK_BYTES[0]
+    rows.append((f"`mx.zero_scale=B` (B in 1..254, not 127: {len(ZERO_BLOCK_BYTES)} keys)", "quantize",
+                 "an all-zero block stores byte B (2^(B-127))", "-", first.seen_in))
     table = _md_table(("key", "level", "what the kernel does", "divergence cases", "seen in"), rows)
     why = "".join(f"- case {c}: {reason}\n" for c, reason in sorted(NOT_BLOCK_BEHAVIOURS.items()))
     return table + "\nDivergence cases no behaviour executes, and why:\n\n" + why
@@ -129,7 +134,29 @@ def relation_kinds() -> str:
     return _md_table(("kind", "the kernel's entry is"), rows)
 
 
-TABLES = {"catalogue": catalogue, "relation-kinds": relation_kinds, "recipes": recipes, "plain-recipes": plain_recipes, "ocp-recipes": ocp_recipes,
+ACCURACY_RECORD = ROOT / "references" / "accuracy" / "cause_accuracy.json"
+
+
+def cause_accuracy() -> str:
+    """The committed run of ``mxcheck accuracy`` (the labelled set is the code's: a case the
+    record lacks shows as not run)."""
+    import json  # noqa: PLC0415
+
+    from mxcheck.conformance import accuracy  # noqa: PLC0415
+
+    data = json.loads(ACCURACY_RECORD.read_text())
+    outcomes = accuracy.outcomes_of(data)
+    mode = "each quantize case on the input families that show its bug" if data["quick"] else "every input family"
+    return (_md_table(*_split(accuracy.scores_table(outcomes))) + f"\n{len(outcomes)} cases, {mode}, "
+            f"{data['cpu_seconds']} s of CPU time in all (`{ACCURACY_RECORD.relative_to(ROOT)}`).\n\n"
+            + _md_table(*_split(accuracy.cases_table(outcomes))))
+
+
+def _split(rows: list[tuple[str, ...]]) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
+    return rows[0], rows[1:]
+
+
+TABLES = {"catalogue": catalogue, "relation-kinds": relation_kinds, "cause-accuracy": cause_accuracy, "recipes": recipes, "plain-recipes": plain_recipes, "ocp-recipes": ocp_recipes,
           "derived-recipes": derived_recipes,
           "profiles": profiles, "divergence": divergence, "layers": layers, "false-failure": false_failure,
           "families": families_table}

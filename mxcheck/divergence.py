@@ -296,8 +296,9 @@ DIVERGENCE_TABLE: tuple[Case, ...] = (
           _A + "test_aiter_triton_codes_are_the_even_rule_with_ties_away",
           _A + "test_aiter_triton_codes_are_not_ties_to_even")),
     Case(2, "below-tie double rounding in float32 floor(|x| + 0.5)", "microxcaling (Python) vs all",
-         tests=(_D + "test_case2_below_a_tie_rounds_to_zero_where_microxcaling_gives_min_subnormal",),
-         unreachable="a microxcaling float32 artefact; mxcheck rounds exactly"),
+         ("half_away_sum",), ("microxcaling", "ocp"),
+         tests=(_D + "test_case2_below_a_tie_rounds_to_zero_where_microxcaling_gives_min_subnormal",
+                "tests/test_vocabulary.py::test_floor_half_in_float32_rounds_a_quarter_quantum_below_the_tie_up")),
     Case(3, "FLOOR scale from a float32 log2 at amax = nextbelow(2^k)", "microxcaling, gfloat float32, "
          "AITER MXFP6 Triton/torch vs torchao FLOOR, gfloat float64, AITER HIP",
          ("exponent_source",), ("aiter.mxfp6.triton", "aiter.mxfp6"), ("amax_below_pow2", "amax_above_max"),

@@ -20,6 +20,12 @@ float32 per-tensor decode scale that ``NVFP4Tensor.tensor_scale`` holds):
   instead of a NaN or Inf one; blocks are then scaled against it.
 - ``scale_dtype``: the per-tensor scale and the block scale before its ue4m3 cast are
   rounded to this dtype (``"bfloat16"``, ``"float16"``: scale arithmetic in that dtype).
+- ``encode_factor`` (the per-tensor encode factor S_enc and the decode scale ts stored):
+  ``"te"`` min(2688 / amax, FLT_MAX), ts = amax / 2688 (the oracle); ``"reciprocal"``
+  2688 * fl32(1 / amax) (one ulp off for some amax: element ties move), ts the oracle's;
+  ``"uncapped"`` 2688 / amax with no cap (Inf for amax < 7.9e-36) and ts = 1 / S_enc (0 there).
+- ``encode_factor_limit``: where S_enc exceeds it (65504: the factor would overflow float16),
+  the kernel falls back to per-tensor scale 1 (S_enc = ts = 1).
 - ``block_scale_rounding``: how the float32 block scale rounds to ue4m3 (``"rne"``, as
   every known implementation; other values model a kernel whose one rounding helper
   serves the elements and the scales).
@@ -71,26 +77,54 @@ from mxcheck.scaling.nvfp4 import (
     te_encode_scale,
 )
 
-__all__ = ["BLOCK_SCALES", "ELEMENT_SCALES", "FP8_PROFILES", "NVFP4_PROFILES", "SCALE_ARITHMETICS", "FP8Profile",
+__all__ = ["BLOCK_SCALES", "ELEMENT_SCALES", "ENCODE_FACTORS", "FP8_PROFILES", "NVFP4_PROFILES", "SCALE_ARITHMETICS", "FP8Profile",
            "NVFP4Profile"]
 
 _E2M1 = FORMATS["e2m1"]
 _E4M3_X_E2M1_MAX = 448.0 * 6.0
 
 
-# ---- NVFP4 tables: (vec_max, amax, ts) -> float32 block scale; (x, s, amax, ts) -> scaled x
+# ---- NVFP4 tables: amax -> (S_enc, tensor_scale); (vec_max, S_enc, ts) -> float32 block
+# scale; (x, s, S_enc, ts) -> scaled x
+
+_FLT_MAX = torch.finfo(torch.float32).max
 
 
-def _te_block(vec_max, amax, ts):
-    return te_block_scale(vec_max, _global_encode_scale(amax))
+def _te_factor(amax):
+    return _global_encode_scale(amax), amax / torch.full_like(amax, _E4M3_X_E2M1_MAX)  # a true division
 
 
-def _quotient_block(vec_max, amax, ts):
+def _reciprocal_factor(amax):
+    # 2688 * fl32(1 / amax): one ulp from 2688 / amax for some amax, which moves element ties
+    a = amax.to(torch.float32)  # float32 arithmetic whatever the input's dtype, as the oracle's
+    s_enc = torch.minimum(torch.full_like(a, _E4M3_X_E2M1_MAX) * torch.reciprocal(a), torch.full_like(a, _FLT_MAX))
+    s_enc = torch.where((a == 0) | (s_enc == 0), torch.ones_like(s_enc), s_enc)
+    return s_enc, amax / torch.full_like(amax, _E4M3_X_E2M1_MAX)
+
+
+def _uncapped_factor(amax):
+    # S_enc = 2688 / amax with no FLT_MAX cap (Inf for amax < 2688 / FLT_MAX = 7.9e-36) and the
+    # decode scale its reciprocal (0 there): every value is then 0, or NaN in a zero block.
+    a = amax.to(torch.float32)
+    s_enc = torch.full_like(a, _E4M3_X_E2M1_MAX) / a
+    s_enc = torch.where((a == 0) | (s_enc == 0), torch.ones_like(s_enc), s_enc)
+    return s_enc, torch.reciprocal(s_enc)
+
+
+ENCODE_FACTORS: dict[str, Callable] = {"te": _te_factor, "reciprocal": _reciprocal_factor,
+                                       "uncapped": _uncapped_factor}
+
+
+def _te_block(vec_max, s_enc, ts):
+    return te_block_scale(vec_max, s_enc)
+
+
+def _quotient_block(vec_max, s_enc, ts):
     # torchao nvfp4_tensor.py::nvfp4_quantize: block_scale = max_abs / F4_E2M1_MAX, then / per_tensor_scale
     return (vec_max / torch.full_like(vec_max, _E2M1.max)) / ts
 
 
-def _product_block(vec_max, amax, ts):
+def _product_block(vec_max, s_enc, ts):
     # ModelOpt get_weights_scaling_factor: per_block_amax / (6.0 * weights_scaling_factor_2)
     return vec_max / (_E2M1.max * ts)
 
@@ -98,16 +132,16 @@ def _product_block(vec_max, amax, ts):
 BLOCK_SCALES: dict[str, Callable] = {"te": _te_block, "quotient": _quotient_block, "product": _product_block}
 
 
-def _te_elements(x, s, amax, ts):
-    return x * te_encode_scale(s, 1.0 / _global_encode_scale(amax)).unsqueeze(-1)
+def _te_elements(x, s, s_enc, ts):
+    return x * te_encode_scale(s, 1.0 / s_enc).unsqueeze(-1)
 
 
-def _divide_product(x, s, amax, ts):
+def _divide_product(x, s, s_enc, ts):
     # torchao 0.12-0.16: data_hp / (per_tensor_scale * fp32(s)); ModelOpt: input / (s * sf2)
     return x / (s * ts).unsqueeze(-1)
 
 
-def _reciprocal_quotient(x, s, amax, ts):
+def _reciprocal_quotient(x, s, s_enc, ts):
     # torchao 0.17+: data_hp * ((1.0 / per_tensor_scale) / fp32(s))
     return x * (torch.reciprocal(ts) / s).unsqueeze(-1)
 
@@ -129,21 +163,25 @@ class NVFP4Profile(ProfileBase):
     underflow_block_scale: float | None = None
     nonfinite_tensor_scale: float | None = None
     scale_dtype: str = "float32"
+    encode_factor: str = "te"
+    encode_factor_limit: float | None = None
 
     scaling: ClassVar[str] = "nvfp4"
     formats: ClassVar[tuple[str, ...]] = ("e2m1",)
 
     def _check(self) -> str:
-        for name, table in (("block_scale", BLOCK_SCALES), ("element_scale", ELEMENT_SCALES)):
+        for name, table in (("block_scale", BLOCK_SCALES), ("element_scale", ELEMENT_SCALES),
+                            ("encode_factor", ENCODE_FACTORS)):
             if getattr(self, name) not in table:
                 return f"{name}={getattr(self, name)!r}; expected one of {list(table)}"
         if self.block_scale_rounding not in self.roundings:
             return f"block_scale_rounding={self.block_scale_rounding!r}; expected one of {sorted(self.roundings)}"
         if self.scale_dtype not in SCALE_DTYPES:
             return f"scale_dtype={self.scale_dtype!r}; expected one of {list(SCALE_DTYPES)}"
-        v = self.nonfinite_tensor_scale
-        if v is not None and not (0 < v < math.inf):
-            return f"nonfinite_tensor_scale={v!r}; expected None or a positive finite float"
+        for name in ("nonfinite_tensor_scale", "encode_factor_limit"):
+            v = getattr(self, name)
+            if v is not None and not (0 < v < math.inf):
+                return f"{name}={v!r}; expected None or a positive finite float"
         for name in ("block_scale_min", "zero_block_scale", "underflow_block_scale"):
             v = getattr(self, name)
             if v is not None and not 0 < v <= 448:
@@ -160,10 +198,12 @@ class NVFP4Profile(ProfileBase):
         amax = block_amax(work.reshape(1, -1), 1, work.numel()).reshape(())
         if self.nonfinite_tensor_scale is not None and not bool(torch.isfinite(amax)):
             amax = torch.full_like(amax, _E4M3_X_E2M1_MAX * self.nonfinite_tensor_scale)  # ts exactly the constant
-        ts = amax / torch.full_like(amax, _E4M3_X_E2M1_MAX)  # a true division, as nvfp4_quantize
+        s_enc, ts = ENCODE_FACTORS[self.encode_factor](amax)
+        if self.encode_factor_limit is not None and bool(s_enc > self.encode_factor_limit):
+            s_enc, ts = torch.ones_like(s_enc), torch.ones_like(ts)  # the per-tensor fallback: scale 1
         dt = SCALE_DTYPES[self.scale_dtype]
         ts = ts.to(dt).to(torch.float32)
-        s_f32 = BLOCK_SCALES[self.block_scale](block_amax(work, 1, NVFP4_BLOCK), amax, ts).to(dt).to(torch.float32)
+        s_f32 = BLOCK_SCALES[self.block_scale](block_amax(work, 1, NVFP4_BLOCK), s_enc, ts).to(dt).to(torch.float32)
         if self.zero_block_scale is not None:
             s_f32 = torch.where(s_f32 == 0, self.zero_block_scale, s_f32)
         if self.block_scale_min is not None:
@@ -174,7 +214,7 @@ class NVFP4Profile(ProfileBase):
             block_scales = torch.where(block_scales == 0, eps.to(block_scales.dtype), block_scales)
         s = decode_table("ue4m3", x.device, torch.float32)[block_scales.to(torch.int64)]
         blocks = work.to(torch.float32).unflatten(-1, (-1, NVFP4_BLOCK))
-        scaled = ELEMENT_SCALES[self.element_scale](blocks, s, amax, ts).flatten(-2)
+        scaled = ELEMENT_SCALES[self.element_scale](blocks, s, s_enc, ts).flatten(-2)
         codes = encode_bits(torch.clamp(scaled, -f.max, f.max), f, self.rounding, True)
         codes = apply_zero_sign(self.zero_sign, work, codes, f)
         return NVFP4Tensor(codes=codes, block_scales=block_scales, tensor_scale=ts, amax=amax, hadamard=rot)

@@ -29,7 +29,7 @@ DATA = ROOT / "tests" / "test_report"
 SMALL = DATA / "small.json"
 BASELINE = DATA / "baseline.json"
 COMMAND_NAMES = ["conform", "search", "info", "formats", "report", "compare", "divergence", "lint", "tuned-coverage",
-                 "aiter-log", "shapes", "sweep", "thresholds", "stats", "recipes", "profiles", "fit"]
+                 "aiter-log", "shapes", "sweep", "thresholds", "stats", "recipes", "profiles", "fit", "accuracy"]
 
 
 def assert_one_line_error(err: str, *needles: str) -> None:

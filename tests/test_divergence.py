@@ -272,8 +272,11 @@ def test_case2_below_a_tie_rounds_to_zero_where_microxcaling_gives_min_subnormal
         assert encode(x, fmt).item() == 0x00
         ml = ml_dtypes.float4_e2m1fn if fmt == "e2m1" else ml_dtypes.float8_e4m3fn
         w.expect("ml_dtypes", x.numpy().astype(ml).view(np.uint8)[0], 0x00, f"the {fmt} cast of nextbelow({v})")
-    # the microxcaling profile does not model it (an element artefact, not a scale rule)
-    assert PROFILES["microxcaling"].quantize(one_block(6.0, 0.24999999), E2M1)[0][0, 1].item() == 0x0
+    # the microxcaling profile models it (half_away_sum="float32"): 0x1, as RE section 8 reads
+    # microxcaling; e4m3 too (2^-10 is half of e4m3's smallest subnormal at scale 2^0)
+    assert PROFILES["microxcaling"].quantize(one_block(6.0, 0.24999999), E2M1)[0][0, 1].item() == 0x1
+    below = float(np.nextafter(np.float32(2.0**-10), np.float32(0)))
+    assert PROFILES["microxcaling"].quantize(one_block(448.0, below), "e4m3")[0][0, 1].item() == 0x01
     w.finish()
 
 

@@ -40,6 +40,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("scaling", ("mxcheck.scaling",)),
     ("recipes", (
         "mxcheck.recipes", "mxcheck.profiles",
+        "mxcheck.profile_mx",  # the MX profile kind (its quirks); mxcheck.profiles is the registry
         "mxcheck.profile_base", "mxcheck.profile_kinds",  # the shared profile fields; NVFP4 and FP8 profiles
         "mxcheck.recipe_files",  # recipes read from YAML/TOML, and the claim resolver
     )),

@@ -446,6 +446,177 @@ class CudaNanCode(EmulatedBackend):
         return replace(q, codes=torch.where(nan, fmt.nan_code, q.codes).to(torch.uint8))
 
 
+# ---- released libraries' defects (issue vocabulary): each modelled on code that shipped ----------
+
+
+class BelowTieDoubleRounding(_ProfileBug):
+    """MX elements rounded as microxcaling's Python path does (mx/elemwise_ops.py::
+    _quantize_elemwise_core, round="nearest", @7bc4195): floor(|t| + 0.5) with the sum in
+    float32, so ties go away from zero and t = nextbelow(0.5) quanta rounds up (e2m1:
+    0.25 - 2^-26 becomes 0.5)."""
+
+    name, scaling, fields = "bad-below-tie", "mx", {"rounding": "half_away", "half_away_sum": "float32"}
+
+
+def _nvfp4_factor(compute: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A replacement for the oracle's S_enc = min(2688 / amax, FLT_MAX); a zero amax or a
+    zero factor (an Inf amax) gives 1, as TE's guard does."""
+    def s_enc(amax: torch.Tensor) -> torch.Tensor:
+        s = compute(amax.to(torch.float32))
+        return torch.where((amax == 0) | (s == 0), torch.ones_like(s), s)
+    return s_enc
+
+
+class NVFP4ReciprocalEncodeFactor(_QuantizeBug):
+    """NVFP4's per-tensor encode factor as ``2688 * (1 / amax)`` (a reciprocal, then a
+    product, as released NVFP4 kernels write it): one float32 ulp from 2688 / amax for some
+    amax, which flips elements near a midpoint. Its decode scale is amax / 2688, as TE's."""
+
+    name = "bad-nvfp4-reciprocal-encode"
+
+    def bug(self, x):
+        flt_max = torch.finfo(torch.float32).max
+        return _patched([(_nvfp4, "_global_encode_scale", _nvfp4_factor(
+            lambda a: torch.clamp(2688.0 * torch.reciprocal(a), max=flt_max)))])
+
+
+class NVFP4UncappedEncodeFactor(_QuantizeBug):
+    """NVFP4's encode factor 2688 / amax with no FLT_MAX cap and the decode scale stored as
+    its reciprocal: below amax 7.9e-36 the factor is Inf, the decode scale 0, and every value
+    0 or NaN (TE caps the factor at FLT_MAX, compute_global_encode_scaling_factor_FP4)."""
+
+    name = "bad-nvfp4-uncapped-encode"
+
+    def bug(self, x):
+        return _patched([(_nvfp4, "_global_encode_scale", _nvfp4_factor(_true_quotient))])
+
+    def quantize(self, x, spec, **kw):
+        q = super().quantize(x, spec, **kw)
+        if spec.scaling != "nvfp4":
+            return q
+        return replace(q, tensor_scale=torch.reciprocal(_nvfp4_factor(_true_quotient)(q.amax)))
+
+
+def _true_quotient(amax: torch.Tensor) -> torch.Tensor:
+    # a tensor numerator: torch evaluates 2688.0 / tensor as reciprocal(tensor) * 2688
+    return torch.full_like(amax, 2688.0) / amax
+
+
+class NVFP4Float16Fallback(EmulatedBackend):
+    """An NVFP4 per-tensor scale held in float16: where 2688 / amax overflows it (amax under
+    0.041) the library falls back to per-tensor scale 1 (encode factor and decode scale 1)."""
+
+    name = "bad-nvfp4-fp16-fallback"
+
+    def quantize(self, x, spec, **kw):
+        if spec.scaling != "nvfp4":
+            return super().quantize(x, spec, **kw)
+        amax = x.abs().amax().to(torch.float32)
+        if not bool(torch.tensor(2688.0) / amax > torch.finfo(torch.float16).max):
+            return super().quantize(x, spec, **kw)
+        with _patched([(_nvfp4, "_global_encode_scale", lambda a: torch.ones_like(a))]):
+            q = super().quantize(x, spec, **kw)
+        return replace(q, tensor_scale=torch.ones_like(q.tensor_scale))
+
+
+class NVFP4SpecialBlockZeroed(EmulatedBackend):
+    """An NVFP4 weight quantizer that writes a block holding a NaN or Inf as zeros (scale and
+    codes), its per-tensor amax taken over the finite values."""
+
+    name = "bad-nvfp4-special-zero-block"
+
+    def quantize(self, x, spec, **kw):
+        special = ~torch.isfinite(x)
+        if spec.scaling != "nvfp4" or spec.block_2d or not bool(special.any()):
+            return super().quantize(x, spec, **kw)
+        q = super().quantize(torch.where(special, 0, x).to(x.dtype), spec, **kw)
+        blocks = special.unflatten(-1, (-1, 16)).any(-1)
+        return replace(q, codes=torch.where(blocks.repeat_interleave(16, dim=-1), 0, q.codes).to(torch.uint8),
+                       block_scales=torch.where(blocks, 0, q.block_scales).to(torch.uint8))
+
+
+class _Float16MX(EmulatedBackend):
+    """MX on float16 inputs with one float16 defect (``defect``), the oracle elsewhere."""
+
+    def defect(self, x: torch.Tensor, q: Any) -> Any:
+        raise NotImplementedError
+
+    def quantize(self, x, spec, **kw):
+        q = super().quantize(x, spec, **kw)
+        if x.dtype != torch.float16 or spec.scaling != "mx" or spec.block_2d or q.codes.shape != x.shape:
+            return q
+        return self.defect(x, q)
+
+
+class MXDivideByUnderflowedPow2(_Float16MX):
+    """Computes x / 2**e in float16: 2**e underflows to 0 below 2^-24, so a tiny block's
+    elements are x / 0 and cast without saturation (a released MX library)."""
+
+    name = "bad-mx-fp16-pow2-underflow"
+
+    def defect(self, x, q):
+        e = q.scales.to(torch.float32) - 127
+        pow2 = torch.exp2(e).to(torch.float16).repeat_interleave(q.block_size, dim=-1)
+        scaled = (x / pow2).to(torch.float32)
+        codes = encode_bits(scaled, q.fmt, "rne", False)
+        return replace(q, codes=torch.where(pow2 == 0, codes, q.codes))
+
+
+class MXZeroBlockNaNFloat16(_Float16MX):
+    """Divides a block by max(amax, 1e-30) in float16, where the floor constant is 0: an
+    all-zero block is 0 / 0, a NaN block (a released MX library's float16 path)."""
+
+    name = "bad-mx-fp16-zero-block-nan"
+
+    def defect(self, x, q):
+        floor = torch.tensor(1e-30, dtype=torch.float16)  # 0 in float16
+        amax = torch.maximum(x.abs().unflatten(-1, (-1, q.block_size)).amax(-1), floor)
+        nan = amax == 0
+        codes = torch.where(nan.repeat_interleave(q.block_size, dim=-1), q.fmt.nan_code or 0, q.codes)
+        return replace(q, codes=codes.to(torch.uint8), scales=torch.where(nan, 255, q.scales).to(torch.uint8))
+
+
+class MXSubnormalAmaxFloat16(_Float16MX):
+    """Reads the block exponent from the float16 amax's exponent field and treats field 0 (a
+    float16 subnormal amax) as a zero block: byte 127, every code 0."""
+
+    name = "bad-mx-fp16-subnormal-amax"
+
+    def defect(self, x, q):
+        amax = x.abs().unflatten(-1, (-1, q.block_size)).amax(-1)
+        field0 = ((amax.view(torch.int16) >> 10) & 0x1F == 0) & (amax != 0)
+        codes = torch.where(field0.repeat_interleave(q.block_size, dim=-1), 0, q.codes)
+        return replace(q, codes=codes.to(torch.uint8), scales=torch.where(field0, 127, q.scales).to(torch.uint8))
+
+
+class MXZeroBlockByte85(EmulatedBackend):
+    """An all-zero MX block stores byte 85: the floor rule on an amax floored at 1e-10
+    (floor(log2 1e-10) - 8 = -42 for e4m3), a zero-block byte no profile names."""
+
+    name = "bad-zero-block-byte"
+
+    def quantize(self, x, spec, **kw):
+        q = super().quantize(x, spec, **kw)
+        if spec.scaling != "mx" or spec.block_2d or q.codes.shape != x.shape:
+            return q
+        zero = (x.unflatten(-1, (-1, spec.block_size)) == 0).all(-1)
+        return replace(q, scales=torch.where(zero, 85, q.scales).to(torch.uint8))
+
+
+class FP8RowwiseZeroRowEps(EmulatedBackend):
+    """torchao's float8 rowwise scale: fp8_max / clamp(amax, min=1e-12), rounded down to a
+    power of two (float8_utils.py::amax_to_scale, EPS = 1e-12): an all-zero row gets
+    scale_inv 2^-48 in e4m3 where TE's rule gives 1 (the oracle's fp8_quantize with eps=)."""
+
+    name = "bad-fp8-rowwise-zero-eps"
+
+    def quantize(self, x, spec, **kw):
+        if spec.scaling != "row":
+            return super().quantize(x, spec, **kw)
+        return _fp8.fp8_quantize(x, spec.fmt, granularity="row", scale_formula="te", margin=spec.margin,
+                                 power_of_2=spec.power_of_2, eps=1e-12)
+
+
 KNOWN_BAD: dict[str, type[Any]] = {c.name: c for c in (NibbleSwap, WrongScaleRule, StaleWeight, Bf16Fallback,
                                                         NanToZero, DropsBias, GarbageUnlessKMod256,
                                                         HalfAwayForRne, TruncForRne, Float32Log2Scale, Float16Log2Overflow,
@@ -454,4 +625,9 @@ KNOWN_BAD: dict[str, type[Any]] = {c.name: c for c in (NibbleSwap, WrongScaleRul
                                                         FP8DoubleRoundBf16,
                                                         EvenRuleAtE2M1Width, NVFP4EpsBlockScale,
                                                         NVFP4NonfiniteAmaxScaleOne, ThreeConventions,
-                                                        InfBlockByte127, CudaNanCode, FastAccumulation)}
+                                                        InfBlockByte127, CudaNanCode, FastAccumulation,
+                                                        BelowTieDoubleRounding, NVFP4ReciprocalEncodeFactor,
+                                                        NVFP4UncappedEncodeFactor, NVFP4Float16Fallback,
+                                                        NVFP4SpecialBlockZeroed, MXDivideByUnderflowedPow2,
+                                                        MXZeroBlockNaNFloat16, MXSubnormalAmaxFloat16,
+                                                        MXZeroBlockByte85, FP8RowwiseZeroRowEps)}

@@ -10,7 +10,18 @@ from pathlib import Path
 from typing import NoReturn
 
 import mxcheck
-from mxcheck.cli import about, analysis, conform, deploy, fit, flux, recipes, reports, search
+from mxcheck.cli import (
+    about,
+    accuracy,
+    analysis,
+    conform,
+    deploy,
+    fit,
+    flux,
+    recipes,
+    reports,
+    search,
+)
 from mxcheck.cli.common import PROG, CommandError
 
 __all__ = ["COMMANDS", "Command", "build_parser", "main"]
@@ -71,6 +82,9 @@ COMMANDS: dict[str, Command] = {
                          "miss", deploy.aiter_log_args, deploy.run_aiter_log),
     "fit": Command("the profile (every convention) that reproduces a backend's quantizer, and the blocks "
                    "left; --write pins it in a recipe file", fit.fit_args, fit.run_fit),
+    "accuracy": Command("the cause-accuracy benchmark: seeded bugs with their true causes, precision and recall of "
+                        "the named cause per class; exit 1 on a wrong headline", accuracy.accuracy_args,
+                        accuracy.run_accuracy),
     "stats": Command("per-block statistics of a quantized operand (saturation, flush to zero, "
                      "scale exponents, block SNR)", analysis.stats_args, analysis.run_stats),
 }

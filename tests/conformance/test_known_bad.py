@@ -51,6 +51,17 @@ EXPECTED = {
     "bad-inf-block-127": ("mxfp8", "quantize", "inf_block_byte_127"),
     "bad-cuda-nan-code": ("fp8", "quantize", "canonical_nan_code"),
     "bad-fast-accumulation": ("fp8", "gemm", "gemm-reduced-accumulation"),
+    # released libraries' defects (issue 42's vocabulary)
+    "bad-below-tie": ("mxfp4", "quantize", "mx.half_away_sum=float32+mx.rounding=half_away"),
+    "bad-nvfp4-reciprocal-encode": ("nvfp4", "quantize", "nvfp4_encode_factor_reciprocal"),
+    "bad-nvfp4-uncapped-encode": ("nvfp4", "quantize", "nvfp4_encode_factor_uncapped"),
+    "bad-nvfp4-fp16-fallback": ("nvfp4", "quantize", "nvfp4_fp16_fallback_scale_1"),
+    "bad-nvfp4-special-zero-block": ("nvfp4", "quantize", "special_zeroes_block_finite_amax"),
+    "bad-mx-fp16-pow2-underflow": ("mxfp8", "quantize", "mx_divide_by_underflowed_pow2_float16"),
+    "bad-mx-fp16-zero-block-nan": ("mxfp8", "quantize", "mx_zero_block_nan_float16"),
+    "bad-mx-fp16-subnormal-amax": ("mxfp8", "quantize", "mx_subnormal_amax_float16"),
+    "bad-zero-block-byte": ("mxfp8", "quantize", "mx.zero_scale=85"),
+    "bad-fp8-rowwise-zero-eps": ("fp8-rowwise", "quantize", "fp8_eps_floor"),
 }
 # The seeded bugs that lose whole tensors, and an input of the magnitude family each loses
 # as the issue measured it (a gradient magnitude; float16 under 0.041): their failure opens
