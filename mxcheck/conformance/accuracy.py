@@ -38,6 +38,7 @@ from mxcheck.backends.known_bad import KNOWN_BAD, _ProfileBug
 from mxcheck.conformance import CHECKS, basic
 from mxcheck.conformance.basic import DEFAULT_INPUT_DTYPES, quantize_inputs
 from mxcheck.diagnose import CATALOGUE
+from mxcheck.diagnose import quantize as diagnose_quantize
 from mxcheck.diagnose.behaviour import split_fits
 from mxcheck.recipes import RECIPES
 
@@ -179,8 +180,10 @@ measured, and the cheapest of the new vocabulary (the zero-block byte)."""
 
 
 def headline(diffs: list[Any]) -> tuple[str, ...]:
-    """The behaviours a quantize failure names first (as ``diagnose.quantize.summary``): exact
-    in every comparison where they fit, weaker in none; the most blocks reproduced; ties all."""
+    """What a quantize failure names first (as ``diagnose.quantize.summary``): the field
+    relations (their names, ``FIELD: KIND``) where they state more differing blocks than any
+    behaviour reproduces; else the behaviours exact in every comparison where they fit, weaker
+    in none, with the most blocks reproduced (ties all)."""
     totals: dict[str, int] = {}
     weaker: set[str] = set()
     for d in diffs:
@@ -190,7 +193,15 @@ def headline(diffs: list[Any]) -> tuple[str, ...]:
             totals[a.behaviour.key] = totals.get(a.behaviour.key, 0) + a.reproduced
     totals = {k: v for k, v in totals.items() if k not in weaker}
     top = max(totals.values(), default=0)
+    relations, stated = diagnose_quantize.relation_summary(diffs)
+    if relations and stated > top:
+        return tuple(r.name for r in relations[:diagnose_quantize.RELATIONS_SHOWN])
     return tuple(sorted(k for k, v in totals.items() if v == top and v > 0))
+
+
+def is_relation(name: str) -> bool:
+    """A headline entry that is a field relation (``FIELD: KIND``), not a behaviour's key."""
+    return ": " in name
 
 
 _REPRODUCED = re.compile(r"^\s*([\d,]+) of ([\d,]+) differing (?:blocks|rows|outputs|forward outputs) are "
@@ -237,7 +248,11 @@ class Outcome:
 
     @property
     def wrong(self) -> bool:
-        return bool(self.headline) and not self.named and not self.partial
+        """Headed by a behaviour that is not the true cause. A field relation states exactly
+        what differs (it reproduces every entry it covers), so a headline of relations alone is
+        never a wrong cause: it is a miss where the truth is a behaviour."""
+        return (bool(self.headline) and not self.named and not self.partial
+                and not all(is_relation(h) for h in self.headline))
 
 
 def _quantize_diffs(case: LabelledCase, quick: bool) -> tuple[list[Any], bool]:
