@@ -208,6 +208,7 @@ def available_backends() -> dict[str, tuple[bool, str]]:
 # mxcheck (or listing backends) imports no vendor package; their available() imports those.
 _BUILTIN = {
     "triton": "mxcheck.backends.triton_mx:TritonMXBackend",
+    "brevitas": "mxcheck.backends.brevitas_backend:BrevitasBackend",
     "aiter": "mxcheck.backends.aiter:AiterBackend",
     "aiter_triton": "mxcheck.backends.aiter_triton:AiterTritonBackend",
     "primus_turbo": "mxcheck.backends.primus_turbo:PrimusTurboBackend",

@@ -1,0 +1,135 @@
+"""brevitas (0.13.3 to 0.13.4, checked) behind the Backend protocol: its OCP MX and OCP FP8
+fake-quantizers, judged on the values they return (``fake_quantize``).
+
+brevitas is a QAT library: a quantizer is an injector class that a ``brevitas.nn`` layer
+turns into a proxy, and what the layer returns is a QuantTensor whose ``value`` is the
+fake-quantized tensor (codes times scales, in the input's dtype). This adapter calls:
+
+* MX: ``brevitas.nn.QuantIdentity(act_quant=MXFloat8e4m3Act.let(bit_width, exponent_bit_width,
+  mantissa_bit_width), group_dim=-1)`` (``brevitas/quant/mx_quant_ocp.py``): 1x32 groups
+  along the last axis, E8M0 (power-of-two) scales from the group's absmax, dynamic at run
+  time. brevitas names only e4m3 (``MXFloat8e4m3Act``); the other OCP element formats are
+  the same class with the widths changed by ``.let``, as brevitas' own LLM example builds
+  them (``float_ocp_e2m1`` and so on); ``FpOCPMixin`` then gives e2m1/e2m3/e3m2 no NaN or Inf
+  codes, e4m3 one NaN mantissa and e5m2 Inf and NaN, as OCP states.
+* FP8 per tensor: ``Fp8e4m3OCPWeightPerTensorFloat`` / ``Fp8e5m2OCPWeightPerTensorFloat``
+  (``brevitas/quant/float_quant_ocp.py``) on a ``brevitas.nn.QuantLinear`` whose weight is
+  the operand: the scale is absmax / fp8 max, recomputed on every call (the activation
+  classes calibrate a static scale over 300 steps instead, which is not a per-call cast).
+
+brevitas has no NVFP4 quantizer and no packed-code export for MX on CPU, so ``quantize``,
+``gemm`` and ``linear`` are absent: linears run through the reference Function with these
+values. ``BREVITAS_CLAIMS`` lists what the adapter claims.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from typing import Any
+
+import torch
+
+from mxcheck.backends.contract import Refusal, version_problem
+from mxcheck.recipes import OPERANDS, OperandSpec, Recipe, get_recipe
+
+__all__ = ["BREVITAS_CHECKED", "BREVITAS_CLAIMS", "BrevitasBackend"]
+
+# The releases the adapter was run against (references/conventions/brevitas.json).
+BREVITAS_CHECKED = ("0.13.3", "0.14")  # minimum, first release not checked
+# (bit_width, exponent_bit_width, mantissa_bit_width) of each OCP element format.
+_WIDTHS = {"e4m3": (8, 4, 3), "e5m2": (8, 5, 2), "e2m3": (6, 2, 3), "e3m2": (6, 3, 2), "e2m1": (4, 2, 1)}
+_FP8_PER_TENSOR = {"e4m3": "Fp8e4m3OCPWeightPerTensorFloat", "e5m2": "Fp8e5m2OCPWeightPerTensorFloat"}
+_GROUP = 32  # MXMixin.group_size
+_INPUTS = (torch.float32, torch.bfloat16, torch.float16)
+
+BREVITAS_CLAIMS: tuple[str, ...] = (
+    "ocp-mxfp8-e4m3", "ocp-mxfp8-e5m2", "ocp-mxfp6-e2m3", "ocp-mxfp6-e3m2", "ocp-mxfp4", "fp8-tensorwise",
+)
+
+
+def _spec_refusal(spec: OperandSpec) -> str | None:
+    """Why brevitas' quantizers cannot compute ``spec``, or None."""
+    if spec.scaling == "mx":
+        if spec.fmt not in _WIDTHS:
+            return f"brevitas: fmt={spec.fmt!r} is not an OCP MX element format ({sorted(_WIDTHS)})"
+        unsupported = {"block_size": (spec.block_size, _GROUP), "block_2d": (spec.block_2d, False),
+                       "scale_rule": (spec.scale_rule, "floor"),
+                       "hadamard": (spec.hadamard, None), "rounding": (spec.rounding, "rne"),
+                       "zero_scale": (spec.zero_scale, 0), "pad_to": (spec.pad_to, None)}
+    elif spec.scaling == "tensor":
+        if spec.fmt not in _FP8_PER_TENSOR:
+            return f"brevitas: per-tensor fmt={spec.fmt!r}; its OCP FP8 quantizers are {sorted(_FP8_PER_TENSOR)}"
+        unsupported = {"hadamard": (spec.hadamard, None), "rounding": (spec.rounding, "rne"),
+                       "power_of_2": (spec.power_of_2, False), "scale_formula": (spec.scale_formula, "te"),
+                       "margin": (spec.margin, 0)}
+    else:
+        return f"brevitas: scaling={spec.scaling!r}; its fake-quantizers here are 'mx' (1x32) and 'tensor' (FP8)"
+    bad = [f"{k}={v!r} (brevitas: {want!r})" for k, (v, want) in unsupported.items() if v != want]
+    return f"brevitas: {', '.join(bad)}" if bad else None
+
+
+@functools.cache
+def _mx_quantizer(fmt: str) -> Any:
+    """A QuantIdentity running brevitas' MX activation quantizer for ``fmt`` (stateless)."""
+    from brevitas.nn import QuantIdentity  # noqa: PLC0415
+    from brevitas.quant.mx_quant_ocp import MXFloat8e4m3Act  # noqa: PLC0415
+
+    bits, ebits, mbits = _WIDTHS[fmt]
+    quant = MXFloat8e4m3Act.let(bit_width=bits, exponent_bit_width=ebits, mantissa_bit_width=mbits)
+    return QuantIdentity(act_quant=quant, group_dim=-1, return_quant_tensor=True).eval()
+
+
+def _fp8_per_tensor(x: torch.Tensor, fmt: str) -> torch.Tensor:
+    from brevitas import quant  # noqa: PLC0415
+    from brevitas.nn import QuantLinear  # noqa: PLC0415
+
+    rows, k = x.shape
+    layer = QuantLinear(k, rows, bias=False, weight_quant=getattr(quant, _FP8_PER_TENSOR[fmt]), dtype=x.dtype)
+    layer.weight.copy_(x)
+    return layer.quant_weight().value
+
+
+class BrevitasBackend:
+    """brevitas' OCP MX (1x32) and OCP FP8 per-tensor fake-quantizers."""
+
+    name = "brevitas"
+    device = "cpu"
+    claims: tuple[str, ...] = BREVITAS_CLAIMS
+    input_dtypes: tuple[torch.dtype, ...] = _INPUTS
+
+    def available(self) -> tuple[bool, str]:
+        """Usable where brevitas is installed at a checked release and imports."""
+        if (why := version_problem("brevitas", BREVITAS_CHECKED[0], below=BREVITAS_CHECKED[1])) is not None:
+            return False, why
+        from mxcheck.backends import import_vendor  # noqa: PLC0415  (the registry imports this module)
+
+        if (why := import_vendor("brevitas.nn")) is not None:
+            return False, why
+        return True, ""
+
+    def supports(self, recipe: Recipe | str) -> tuple[bool, str]:
+        """Recipes whose six operand copies brevitas' quantizers all compute."""
+        r = get_recipe(recipe)
+        for operand in OPERANDS:
+            if (why := _spec_refusal(r.spec(operand))) is not None:
+                return False, f"{operand}: {why}"
+        return True, ""
+
+    def fake_quantize(self, x: torch.Tensor, spec: OperandSpec, *, state: object = None) -> torch.Tensor:
+        """brevitas' fake-quantized values of the 2D operand x [rows, K], in x's dtype."""
+        if not isinstance(x, torch.Tensor) or x.dim() != 2:
+            raise ValueError("brevitas fake_quantize takes a 2D [rows, K] tensor, got "
+                             f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
+        if x.dtype not in _INPUTS:
+            raise TypeError(f"x.dtype={x.dtype}; brevitas fake_quantize takes {[str(d) for d in _INPUTS]}")
+        if (why := _spec_refusal(spec)) is not None:
+            raise Refusal(why)
+        if spec.scaling == "mx" and x.shape[1] % _GROUP:
+            raise Refusal(f"brevitas: K={x.shape[1]} is not a multiple of its MX group size {_GROUP}")
+        # brevitas warns about deprecated paths inside its own modules; they are not the caller's
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            if spec.scaling == "mx":
+                return _mx_quantizer(spec.fmt)(x.contiguous()).value
+            return _fp8_per_tensor(x, spec.fmt)
