@@ -212,6 +212,7 @@ _BUILTIN = {
     "aiter": "mxcheck.backends.aiter:AiterBackend",
     "aiter_triton": "mxcheck.backends.aiter_triton:AiterTritonBackend",
     "primus_turbo": "mxcheck.backends.primus_turbo:PrimusTurboBackend",
+    "quark": "mxcheck.backends.quark_backend:QuarkBackend",
     "torch": "mxcheck.backends.torch_scaled_mm:TorchScaledMMBackend",
     "torchao": "mxcheck.backends.torchao_backend:TorchaoBackend",
     "transformer_engine": "mxcheck.backends.transformer_engine:TransformerEngineBackend",

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from mxcheck.backends.contract import Refusal, version_problem
+from mxcheck.backends.spec_check import check_operand, field_refusal
 from mxcheck.recipes import OPERANDS, OperandSpec, Recipe, get_recipe
 
 __all__ = ["BREVITAS_CHECKED", "BREVITAS_CLAIMS", "BrevitasBackend"]
@@ -53,20 +54,14 @@ def _spec_refusal(spec: OperandSpec) -> str | None:
     if spec.scaling == "mx":
         if spec.fmt not in _WIDTHS:
             return f"brevitas: fmt={spec.fmt!r} is not an OCP MX element format ({sorted(_WIDTHS)})"
-        unsupported = {"block_size": (spec.block_size, _GROUP), "block_2d": (spec.block_2d, False),
-                       "scale_rule": (spec.scale_rule, "floor"),
-                       "hadamard": (spec.hadamard, None), "rounding": (spec.rounding, "rne"),
-                       "zero_scale": (spec.zero_scale, 0), "pad_to": (spec.pad_to, None)}
-    elif spec.scaling == "tensor":
+        return field_refusal(spec, "brevitas", block_size=_GROUP, block_2d=False, scale_rule="floor",
+                             hadamard=None, rounding="rne", zero_scale=0, pad_to=None)
+    if spec.scaling == "tensor":
         if spec.fmt not in _FP8_PER_TENSOR:
             return f"brevitas: per-tensor fmt={spec.fmt!r}; its OCP FP8 quantizers are {sorted(_FP8_PER_TENSOR)}"
-        unsupported = {"hadamard": (spec.hadamard, None), "rounding": (spec.rounding, "rne"),
-                       "power_of_2": (spec.power_of_2, False), "scale_formula": (spec.scale_formula, "te"),
-                       "margin": (spec.margin, 0)}
-    else:
-        return f"brevitas: scaling={spec.scaling!r}; its fake-quantizers here are 'mx' (1x32) and 'tensor' (FP8)"
-    bad = [f"{k}={v!r} (brevitas: {want!r})" for k, (v, want) in unsupported.items() if v != want]
-    return f"brevitas: {', '.join(bad)}" if bad else None
+        return field_refusal(spec, "brevitas", hadamard=None, rounding="rne", power_of_2=False,
+                             scale_formula="te", margin=0)
+    return f"brevitas: scaling={spec.scaling!r}; its fake-quantizers here are 'mx' (1x32) and 'tensor' (FP8)"
 
 
 @functools.cache
@@ -118,11 +113,7 @@ class BrevitasBackend:
 
     def fake_quantize(self, x: torch.Tensor, spec: OperandSpec, *, state: object = None) -> torch.Tensor:
         """brevitas' fake-quantized values of the 2D operand x [rows, K], in x's dtype."""
-        if not isinstance(x, torch.Tensor) or x.dim() != 2:
-            raise ValueError("brevitas fake_quantize takes a 2D [rows, K] tensor, got "
-                             f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
-        if x.dtype not in _INPUTS:
-            raise TypeError(f"x.dtype={x.dtype}; brevitas fake_quantize takes {[str(d) for d in _INPUTS]}")
+        x = check_operand(x, "brevitas", _INPUTS)
         if (why := _spec_refusal(spec)) is not None:
             raise Refusal(why)
         if spec.scaling == "mx" and x.shape[1] % _GROUP:

@@ -1,0 +1,157 @@
+"""AMD Quark (``amd-quark`` 0.12 to 0.13, checked) behind the Backend protocol: its OCP MX,
+FP8 per-tensor and NVFP4 fake-quantizers, judged on the values they return (``fake_quantize``).
+
+Quark quantizes a model through config specs (``quark/torch/quantization/config/config.py``)
+that ``FakeQuantizeBase.get_fake_quantize(spec.to_quantization_spec())``
+(``quark/torch/quantization/tensor_quantize.py``) turns into the module a quantized layer
+calls on its tensor. This adapter builds the same modules:
+
+* MX: ``OCP_MXFP8E4M3Spec``, ``OCP_MXFP8E5M2Spec``, ``OCP_MXFP6E2M3Spec``, ``OCP_MXFP6E3M2Spec``
+  and ``OCP_MXFP4Spec`` with ``ch_axis=-1`` (1x32 groups along K, E8M0 scales, dynamic);
+  ``scale_calculation_mode`` "even" (Quark's default), "floor" or "ceil", which are
+  mxcheck's scale rules of those names. One module per (format, rule), reused from call to
+  call as a layer reuses its quantizer.
+* FP8 per tensor: ``FP8E4M3PerTensorSpec`` / ``FP8E5M2PerTensorSpec`` (min-max observer,
+  ``is_dynamic=True``): scale = amax / fp8 max, recomputed on every call; reused likewise.
+* NVFP4: the ``nvfp4`` scheme's activation spec (``config/template.py``,
+  ``FP4Block16ScaleE4M3Scheme``): ``ScaleQuantSpec`` of ``FP4PerGroupSpec(group_size=16)``
+  and a static min-max ``FP8E4M3PerTensorSpec`` that quantizes the block scales. The second
+  stage calibrates on what it sees, so each call gets a fresh module: the tensor scale is
+  the operand's own.
+
+Quark runs ``torch.compile`` on its fake-quantize op unless ``QUARK_DISABLE_COMPILE=1``; the
+conformance inputs (many shapes and dtypes) recompile it past Dynamo's limit, after which
+Quark itself falls back to the eager op for good. The adapter sets that variable (unless
+the caller did) before Quark is imported, so every call takes the eager op from the start.
+Quark's MXFP4 "even" path sends float16 and bfloat16 to a GPU-only kernel
+(``quark/torch/kernel/__init__.py::MXFP4DynamicFakeQuantizeFunction`` -> ``mx.qdq_mxfp4``,
+"qdq_mxfp4 is only implemented in CUDA devices!"), which the adapter refuses on a CPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any
+
+import torch
+
+from mxcheck.backends.contract import Refusal, version_problem
+from mxcheck.backends.spec_check import check_operand, field_refusal
+from mxcheck.recipes import OCP_MX_RECIPES, OPERANDS, OperandSpec, Recipe, get_recipe
+
+__all__ = ["QUARK_CHECKED", "QUARK_CLAIMS", "QuarkBackend"]
+
+QUARK_CHECKED = ("0.12", "0.14")  # minimum, first release not checked (references/conventions/amd-quark.json)
+_MX_SPECS = {"e4m3": "OCP_MXFP8E4M3Spec", "e5m2": "OCP_MXFP8E5M2Spec", "e2m3": "OCP_MXFP6E2M3Spec",
+             "e3m2": "OCP_MXFP6E3M2Spec", "e2m1": "OCP_MXFP4Spec"}
+_MX_RULES = ("even", "floor", "ceil")  # scale_calculation_mode values (observer.py get_scale)
+_FP8_SPECS = {"e4m3": "FP8E4M3PerTensorSpec", "e5m2": "FP8E5M2PerTensorSpec"}
+_INPUTS = (torch.float32, torch.bfloat16, torch.float16)
+_SOURCE = "amd-quark quark/torch/quantization/config/config.py"
+_NAMED = {("e2m1", "even"): "mxfp4-1x32"}  # a built-in recipe that already is this claim
+
+
+def _mx_claim(fmt: str, rule: str) -> Recipe | str:
+    """The recipe an MX spec with ``rule`` means: OCP's for floor, a named one, else Quark's own."""
+    if rule == "floor":
+        return next(name for name, r in OCP_MX_RECIPES.items() if r.x_row.fmt == fmt)
+    if (fmt, rule) in _NAMED:
+        return _NAMED[fmt, rule]
+    return Recipe(f"quark-mx-{fmt}-{rule}", **dict.fromkeys(OPERANDS, OperandSpec(fmt, "mx", scale_rule=rule)),
+                  source=f"{_SOURCE}::{_MX_SPECS[fmt]}(ch_axis=-1, scale_calculation_mode={rule!r})")
+
+
+# Quark's default ("even") and OCP's rule ("floor") on every MX format, then FP8 and NVFP4.
+QUARK_CLAIMS: tuple[Recipe | str, ...] = (
+    *(_mx_claim(fmt, rule) for fmt in _MX_SPECS for rule in ("even", "floor")),
+    "fp8-tensorwise", "nvfp4-1x16",
+)
+
+
+def _spec_refusal(spec: OperandSpec) -> str | None:
+    """Why Quark's fake-quantizers cannot compute ``spec``, or None."""
+    if spec.scaling == "mx":
+        if spec.scale_rule not in _MX_RULES:
+            return f"quark: scale_rule={spec.scale_rule!r}; its scale_calculation_mode takes {_MX_RULES}"
+        return field_refusal(spec, "quark", block_size=32, block_2d=False, hadamard=None, rounding="rne",
+                             zero_scale=0, pad_to=None)
+    if spec.scaling == "tensor":
+        return field_refusal(spec, "quark", hadamard=None, rounding="rne", power_of_2=False, scale_formula="te",
+                             margin=0)
+    if spec.scaling == "nvfp4":
+        return field_refusal(spec, "quark", block_2d=False, hadamard=None, rounding="rne")
+    return f"quark: scaling={spec.scaling!r}; its fake-quantizers here are 'mx', 'tensor' (FP8) and 'nvfp4'"
+
+
+@functools.cache
+def _quark() -> Any:
+    """Quark's config module and FakeQuantizeBase, imported eagerly-compiled (see the module doc)."""
+    os.environ.setdefault("QUARK_DISABLE_COMPILE", "1")
+    from quark.torch.quantization.config import config  # noqa: PLC0415
+    from quark.torch.quantization.tensor_quantize import FakeQuantizeBase  # noqa: PLC0415
+
+    return config, FakeQuantizeBase
+
+
+def _module(spec: OperandSpec) -> Any:
+    """The fake-quantize module Quark builds for ``spec``."""
+    config, fake_quantize_base = _quark()
+    if spec.scaling == "nvfp4":
+        stages = config.ScaleQuantSpec(
+            first_stage=config.FP4PerGroupSpec(ch_axis=-1, group_size=16, is_dynamic=True, scale_type="float32"),
+            second_stage=config.FP8E4M3PerTensorSpec(observer_method="min_max", is_dynamic=False,
+                                                     scale_type="float32"))
+        return fake_quantize_base.get_fake_quantize(stages.to_quantization_spec())
+    return _reused_module(spec.scaling, spec.fmt, spec.scale_rule)
+
+
+@functools.cache
+def _reused_module(scaling: str, fmt: str, rule: str) -> Any:
+    config, fake_quantize_base = _quark()
+    if scaling == "mx":
+        quark_spec = getattr(config, _MX_SPECS[fmt])(ch_axis=-1, scale_calculation_mode=rule)
+    else:
+        quark_spec = getattr(config, _FP8_SPECS[fmt])(observer_method="min_max", is_dynamic=True)
+    return fake_quantize_base.get_fake_quantize(quark_spec.to_quantization_spec())
+
+
+class QuarkBackend:
+    """AMD Quark's MX, FP8 per-tensor and NVFP4 fake-quantizers."""
+
+    name = "quark"
+    device = "cpu"
+    claims: tuple[Recipe | str, ...] = QUARK_CLAIMS
+    input_dtypes: tuple[torch.dtype, ...] = _INPUTS
+
+    def available(self) -> tuple[bool, str]:
+        """Usable where amd-quark is installed at a checked release and ``quark.torch`` imports
+        (it JIT-builds its C++ ops with the host compiler on first import, and needs
+        ``transformers``)."""
+        if (why := version_problem("amd-quark", QUARK_CHECKED[0], below=QUARK_CHECKED[1])) is not None:
+            return False, why
+        from mxcheck.backends import import_vendor  # noqa: PLC0415  (the registry imports this module)
+
+        os.environ.setdefault("QUARK_DISABLE_COMPILE", "1")
+        if (why := import_vendor("quark.torch")) is not None:
+            return False, why
+        return True, ""
+
+    def supports(self, recipe: Recipe | str) -> tuple[bool, str]:
+        """Recipes whose six operand copies Quark's fake-quantizers all compute."""
+        r = get_recipe(recipe)
+        for operand in OPERANDS:
+            if (why := _spec_refusal(r.spec(operand))) is not None:
+                return False, f"{operand}: {why}"
+        return True, ""
+
+    def fake_quantize(self, x: torch.Tensor, spec: OperandSpec, *, state: object = None) -> torch.Tensor:
+        """Quark's fake-quantized values of the 2D operand x [rows, K], in x's dtype."""
+        x = check_operand(x, "quark", _INPUTS)
+        if (why := _spec_refusal(spec)) is not None:
+            raise Refusal(why)
+        if (spec.scaling, spec.fmt, spec.scale_rule) == ("mx", "e2m1", "even") and x.dtype != torch.float32 \
+                and x.device.type == "cpu":
+            raise Refusal(f"quark: MXFP4 'even' on a {x.dtype} tensor runs mx.qdq_mxfp4, a GPU-only kernel")
+        with torch.no_grad():
+            return _module(spec)(x.contiguous())
