@@ -116,8 +116,6 @@ class BrevitasBackend:
         x = check_operand(x, "brevitas", _INPUTS)
         if (why := _spec_refusal(spec)) is not None:
             raise Refusal(why)
-        if spec.scaling == "mx" and x.shape[1] % _GROUP:
-            raise Refusal(f"brevitas: K={x.shape[1]} is not a multiple of its MX group size {_GROUP}")
         # brevitas warns about deprecated paths inside its own modules; they are not the caller's
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
