@@ -211,6 +211,8 @@ _BUILTIN = {
     "brevitas": "mxcheck.backends.brevitas_backend:BrevitasBackend",
     "aiter": "mxcheck.backends.aiter:AiterBackend",
     "aiter_triton": "mxcheck.backends.aiter_triton:AiterTritonBackend",
+    "compressed_tensors": "mxcheck.backends.compressed_tensors_backend:CompressedTensorsBackend",
+    "modelopt": "mxcheck.backends.modelopt_backend:ModelOptBackend",
     "primus_turbo": "mxcheck.backends.primus_turbo:PrimusTurboBackend",
     "quark": "mxcheck.backends.quark_backend:QuarkBackend",
     "torch": "mxcheck.backends.torch_scaled_mm:TorchScaledMMBackend",

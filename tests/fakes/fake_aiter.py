@@ -181,8 +181,8 @@ def _gemm_a6w6(A, B, A_scale, B_scale, M, N, K, dtype=torch.bfloat16, alpha=1.0,
 
 
 class _Dist(md.Distribution):
-    def __init__(self, version: str) -> None:
-        self._meta = f"Metadata-Version: 2.1\nName: amd-aiter\nVersion: {version}\n"
+    def __init__(self, version: str, name: str = "amd-aiter") -> None:
+        self._meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
 
     def read_text(self, filename: str) -> str | None:
         return self._meta if filename == "METADATA" else None
@@ -192,18 +192,18 @@ class _Dist(md.Distribution):
 
 
 class _DistFinder:
-    """A meta-path finder that finds no module, only the amd-aiter distribution."""
+    """A meta-path finder that finds no module, only one distribution (amd-aiter unless named)."""
 
-    def __init__(self, version: str) -> None:
-        self.version = version
+    def __init__(self, version: str, name: str = "amd-aiter") -> None:
+        self.version, self.name = version, name
 
     def find_spec(self, *args: Any, **kwargs: Any) -> None:
         return None
 
     def find_distributions(self, context: Any = None) -> Any:
         name = getattr(context, "name", None)
-        if name is None or name.replace("-", "_").lower() == "amd_aiter":
-            return iter([_Dist(self.version)])
+        if name is None or name.replace("-", "_").lower() == self.name.replace("-", "_"):
+            return iter([_Dist(self.version, self.name)])
         return iter(())
 
 
