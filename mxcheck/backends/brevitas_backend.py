@@ -19,7 +19,7 @@ fake-quantized tensor (codes times scales, in the input's dtype). This adapter c
 
 brevitas has no NVFP4 quantizer and no packed-code export for MX on CPU, so ``quantize``,
 ``gemm`` and ``linear`` are absent: linears run through the reference Function with these
-values. ``BREVITAS_CLAIMS`` lists what the adapter claims.
+values. ``BREVITAS_CONFIGS`` pins each quantizer to the recipe it claims.
 """
 
 from __future__ import annotations
@@ -31,37 +31,31 @@ from typing import Any
 import torch
 
 from mxcheck.backends.contract import Refusal, version_problem
-from mxcheck.backends.spec_check import check_operand, field_refusal
-from mxcheck.recipes import OPERANDS, OperandSpec, Recipe, get_recipe
+from mxcheck.backends.library_configs import LibraryConfig, find_config
+from mxcheck.backends.spec_check import check_operand
+from mxcheck.recipes import OCP_MX_RECIPES, OPERANDS, OperandSpec, Recipe, get_recipe
 
-__all__ = ["BREVITAS_CHECKED", "BREVITAS_CLAIMS", "BrevitasBackend"]
+__all__ = ["BREVITAS_CHECKED", "BREVITAS_CONFIGS", "BrevitasBackend"]
 
 # The releases the adapter was run against (references/conventions/brevitas.json).
 BREVITAS_CHECKED = ("0.13.3", "0.14")  # minimum, first release not checked
+_INPUTS = (torch.float32, torch.bfloat16, torch.float16)
 # (bit_width, exponent_bit_width, mantissa_bit_width) of each OCP element format.
 _WIDTHS = {"e4m3": (8, 4, 3), "e5m2": (8, 5, 2), "e2m3": (6, 2, 3), "e3m2": (6, 3, 2), "e2m1": (4, 2, 1)}
-_FP8_PER_TENSOR = {"e4m3": "Fp8e4m3OCPWeightPerTensorFloat", "e5m2": "Fp8e5m2OCPWeightPerTensorFloat"}
-_GROUP = 32  # MXMixin.group_size
-_INPUTS = (torch.float32, torch.bfloat16, torch.float16)
 
-BREVITAS_CLAIMS: tuple[str, ...] = (
-    "ocp-mxfp8-e4m3", "ocp-mxfp8-e5m2", "ocp-mxfp6-e2m3", "ocp-mxfp6-e3m2", "ocp-mxfp4", "fp8-tensorwise",
+
+def _mx_config(recipe: Recipe) -> LibraryConfig:
+    bits, ebits, mbits = _WIDTHS[recipe.x_row.fmt]
+    return LibraryConfig(f"MXFloat8e4m3Act.let(bit_width={bits}, exponent_bit_width={ebits}, "
+                         f"mantissa_bit_width={mbits})", recipe)
+
+
+# brevitas' quantizer -> the recipe it claims: the MX quantizer (group_dim=-1) as OCP MX on
+# each element format, and the OCP e4m3 per-tensor weight quantizer as plain FP8 tensorwise.
+BREVITAS_CONFIGS: tuple[LibraryConfig, ...] = (
+    *(_mx_config(r) for r in OCP_MX_RECIPES.values()),
+    LibraryConfig("Fp8e4m3OCPWeightPerTensorFloat", get_recipe("fp8-tensorwise")),
 )
-
-
-def _spec_refusal(spec: OperandSpec) -> str | None:
-    """Why brevitas' quantizers cannot compute ``spec``, or None."""
-    if spec.scaling == "mx":
-        if spec.fmt not in _WIDTHS:
-            return f"brevitas: fmt={spec.fmt!r} is not an OCP MX element format ({sorted(_WIDTHS)})"
-        return field_refusal(spec, "brevitas", block_size=_GROUP, block_2d=False, scale_rule="floor",
-                             hadamard=None, rounding="rne", zero_scale=0, pad_to=None)
-    if spec.scaling == "tensor":
-        if spec.fmt not in _FP8_PER_TENSOR:
-            return f"brevitas: per-tensor fmt={spec.fmt!r}; its OCP FP8 quantizers are {sorted(_FP8_PER_TENSOR)}"
-        return field_refusal(spec, "brevitas", hadamard=None, rounding="rne", power_of_2=False,
-                             scale_formula="te", margin=0)
-    return f"brevitas: scaling={spec.scaling!r}; its fake-quantizers here are 'mx' (1x32) and 'tensor' (FP8)"
 
 
 @functools.cache
@@ -75,12 +69,13 @@ def _mx_quantizer(fmt: str) -> Any:
     return QuantIdentity(act_quant=quant, group_dim=-1, return_quant_tensor=True).eval()
 
 
-def _fp8_per_tensor(x: torch.Tensor, fmt: str) -> torch.Tensor:
+def _per_tensor(x: torch.Tensor, quantizer: str) -> torch.Tensor:
+    """brevitas' per-tensor weight quantizer on a QuantLinear whose weight is x."""
     from brevitas import quant  # noqa: PLC0415
     from brevitas.nn import QuantLinear  # noqa: PLC0415
 
     rows, k = x.shape
-    layer = QuantLinear(k, rows, bias=False, weight_quant=getattr(quant, _FP8_PER_TENSOR[fmt]), dtype=x.dtype)
+    layer = QuantLinear(k, rows, bias=False, weight_quant=getattr(quant, quantizer), dtype=x.dtype)
     layer.weight.copy_(x)
     return layer.quant_weight().value
 
@@ -90,7 +85,7 @@ class BrevitasBackend:
 
     name = "brevitas"
     device = "cpu"
-    claims: tuple[str, ...] = BREVITAS_CLAIMS
+    claims: tuple[Recipe, ...] = tuple(c.recipe for c in BREVITAS_CONFIGS)
     input_dtypes: tuple[torch.dtype, ...] = _INPUTS
 
     def available(self) -> tuple[bool, str]:
@@ -106,19 +101,20 @@ class BrevitasBackend:
     def supports(self, recipe: Recipe | str) -> tuple[bool, str]:
         """Recipes whose six operand copies brevitas' quantizers all compute."""
         r = get_recipe(recipe)
-        for operand in OPERANDS:
-            if (why := _spec_refusal(r.spec(operand))) is not None:
-                return False, f"{operand}: {why}"
+        try:
+            for operand in OPERANDS:
+                find_config("brevitas", BREVITAS_CONFIGS, r.spec(operand))
+        except Refusal as e:
+            return False, f"brevitas: recipe {r.name}: {e}"
         return True, ""
 
     def fake_quantize(self, x: torch.Tensor, spec: OperandSpec, *, state: object = None) -> torch.Tensor:
         """brevitas' fake-quantized values of the 2D operand x [rows, K], in x's dtype."""
         x = check_operand(x, "brevitas", _INPUTS)
-        if (why := _spec_refusal(spec)) is not None:
-            raise Refusal(why)
+        config = find_config("brevitas", BREVITAS_CONFIGS, spec)
         # brevitas warns about deprecated paths inside its own modules; they are not the caller's
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
             if spec.scaling == "mx":
                 return _mx_quantizer(spec.fmt)(x.contiguous()).value
-            return _fp8_per_tensor(x, spec.fmt)
+            return _per_tensor(x, config.name)

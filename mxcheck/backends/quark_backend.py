@@ -8,10 +8,10 @@ calls on its tensor. This adapter builds the same modules:
 
 * MX: ``OCP_MXFP8E4M3Spec``, ``OCP_MXFP8E5M2Spec``, ``OCP_MXFP6E2M3Spec``, ``OCP_MXFP6E3M2Spec``
   and ``OCP_MXFP4Spec`` with ``ch_axis=-1`` (1x32 groups along K, E8M0 scales, dynamic);
-  ``scale_calculation_mode`` "even" (Quark's default), "floor" or "ceil", which are
-  mxcheck's scale rules of those names. One module per (format, rule), reused from call to
-  call as a layer reuses its quantizer.
-* FP8 per tensor: ``FP8E4M3PerTensorSpec`` / ``FP8E5M2PerTensorSpec`` (min-max observer,
+  ``scale_calculation_mode`` "even" (Quark's default) or "floor" (OCP's rule), mxcheck's
+  scale rules of those names. One module per (format, rule), reused from call to call as a
+  layer reuses its quantizer.
+* FP8 per tensor: ``FP8E4M3PerTensorSpec`` (min-max observer,
   ``is_dynamic=True``): scale = amax / fp8 max, recomputed on every call; reused likewise.
 * NVFP4: the ``nvfp4`` scheme's activation spec (``config/template.py``,
   ``FP4Block16ScaleE4M3Scheme``): ``ScaleQuantSpec`` of ``FP4PerGroupSpec(group_size=16)``
@@ -37,51 +37,42 @@ from typing import Any
 import torch
 
 from mxcheck.backends.contract import Refusal, version_problem
-from mxcheck.backends.spec_check import check_operand, field_refusal
+from mxcheck.backends.library_configs import LibraryConfig, find_config
+from mxcheck.backends.spec_check import check_operand
 from mxcheck.recipes import OCP_MX_RECIPES, OPERANDS, OperandSpec, Recipe, get_recipe
 
-__all__ = ["QUARK_CHECKED", "QUARK_CLAIMS", "QuarkBackend"]
+__all__ = ["QUARK_CHECKED", "QUARK_CONFIGS", "QuarkBackend"]
 
-QUARK_CHECKED = ("0.12", "0.14")  # minimum, first release not checked (references/conventions/amd-quark.json)
+QUARK_CHECKED = ("0.12", "0.14")  # minimum, first release not checked (references/conventions/quark.json)
+_INPUTS = (torch.float32, torch.bfloat16, torch.float16)
 _MX_SPECS = {"e4m3": "OCP_MXFP8E4M3Spec", "e5m2": "OCP_MXFP8E5M2Spec", "e2m3": "OCP_MXFP6E2M3Spec",
              "e3m2": "OCP_MXFP6E3M2Spec", "e2m1": "OCP_MXFP4Spec"}
-_MX_RULES = ("even", "floor", "ceil")  # scale_calculation_mode values (observer.py get_scale)
-_FP8_SPECS = {"e4m3": "FP8E4M3PerTensorSpec", "e5m2": "FP8E5M2PerTensorSpec"}
-_INPUTS = (torch.float32, torch.bfloat16, torch.float16)
-_SOURCE = "amd-quark quark/torch/quantization/config/config.py"
-_NAMED = {("e2m1", "even"): "mxfp4-1x32"}  # a built-in recipe that already is this claim
+_SOURCE = "amd-quark 0.13 quark/torch/quantization/config/config.py"
+_NAMED = {("e2m1", "even"): "mxfp4-1x32"}  # a built-in recipe that already is this configuration
 
 
-def _mx_claim(fmt: str, rule: str) -> Recipe | str:
-    """The recipe an MX spec with ``rule`` means: OCP's for floor, a named one, else Quark's own."""
+def _mx_config(fmt: str, rule: str) -> LibraryConfig:
+    """An OCP MX spec with ``scale_calculation_mode=rule`` (observer.py get_scale: "even",
+    "floor", "ceil", mxcheck's scale rules of those names) and the recipe it claims: OCP's
+    for floor, a named one, else the format and rule on every operand copy."""
+    name = f"{_MX_SPECS[fmt]}(ch_axis=-1, scale_calculation_mode={rule!r})"
     if rule == "floor":
-        return next(name for name, r in OCP_MX_RECIPES.items() if r.x_row.fmt == fmt)
-    if (fmt, rule) in _NAMED:
-        return _NAMED[fmt, rule]
-    return Recipe(f"quark-mx-{fmt}-{rule}", **dict.fromkeys(OPERANDS, OperandSpec(fmt, "mx", scale_rule=rule)),
-                  source=f"{_SOURCE}::{_MX_SPECS[fmt]}(ch_axis=-1, scale_calculation_mode={rule!r})")
+        recipe = next(r for r in OCP_MX_RECIPES.values() if r.x_row.fmt == fmt)
+    elif (fmt, rule) in _NAMED:
+        recipe = get_recipe(_NAMED[fmt, rule])
+    else:
+        recipe = Recipe(f"quark-mx-{fmt}-{rule}", **dict.fromkeys(OPERANDS, OperandSpec(fmt, "mx", scale_rule=rule)),
+                        source=f"{_SOURCE}::{name}")
+    return LibraryConfig(name, recipe)
 
 
-# Quark's default ("even") and OCP's rule ("floor") on every MX format, then FP8 and NVFP4.
-QUARK_CLAIMS: tuple[Recipe | str, ...] = (
-    *(_mx_claim(fmt, rule) for fmt in _MX_SPECS for rule in ("even", "floor")),
-    "fp8-tensorwise", "nvfp4-1x16",
+# Quark's configuration -> the recipe it claims: its default MX rule ("even") and OCP's
+# ("floor") on every MX format, FP8 per tensor, and the nvfp4 scheme's activation spec.
+QUARK_CONFIGS: tuple[LibraryConfig, ...] = (
+    *(_mx_config(fmt, rule) for fmt in _MX_SPECS for rule in ("even", "floor")),
+    LibraryConfig("FP8E4M3PerTensorSpec(observer_method='min_max', is_dynamic=True)", get_recipe("fp8-tensorwise")),
+    LibraryConfig("nvfp4 (FP4Block16ScaleE4M3Scheme input_tensors)", get_recipe("nvfp4-1x16")),
 )
-
-
-def _spec_refusal(spec: OperandSpec) -> str | None:
-    """Why Quark's fake-quantizers cannot compute ``spec``, or None."""
-    if spec.scaling == "mx":
-        if spec.scale_rule not in _MX_RULES:
-            return f"quark: scale_rule={spec.scale_rule!r}; its scale_calculation_mode takes {_MX_RULES}"
-        return field_refusal(spec, "quark", block_size=32, block_2d=False, hadamard=None, rounding="rne",
-                             zero_scale=0, pad_to=None)
-    if spec.scaling == "tensor":
-        return field_refusal(spec, "quark", hadamard=None, rounding="rne", power_of_2=False, scale_formula="te",
-                             margin=0)
-    if spec.scaling == "nvfp4":
-        return field_refusal(spec, "quark", block_2d=False, hadamard=None, rounding="rne")
-    return f"quark: scaling={spec.scaling!r}; its fake-quantizers here are 'mx', 'tensor' (FP8) and 'nvfp4'"
 
 
 @functools.cache
@@ -95,9 +86,9 @@ def _quark() -> Any:
 
 
 def _module(spec: OperandSpec) -> Any:
-    """The fake-quantize module Quark builds for ``spec``."""
+    """The fake-quantize module Quark builds for ``spec`` (a configuration find_config found)."""
     config, fake_quantize_base = _quark()
-    if spec.scaling == "nvfp4":
+    if spec.scaling == "nvfp4":  # template.py FP4Block16ScaleE4M3Scheme, its input_tensors spec
         stages = config.ScaleQuantSpec(
             first_stage=config.FP4PerGroupSpec(ch_axis=-1, group_size=16, is_dynamic=True, scale_type="float32"),
             second_stage=config.FP8E4M3PerTensorSpec(observer_method="min_max", is_dynamic=False,
@@ -112,7 +103,7 @@ def _reused_module(scaling: str, fmt: str, rule: str) -> Any:
     if scaling == "mx":
         quark_spec = getattr(config, _MX_SPECS[fmt])(ch_axis=-1, scale_calculation_mode=rule)
     else:
-        quark_spec = getattr(config, _FP8_SPECS[fmt])(observer_method="min_max", is_dynamic=True)
+        quark_spec = config.FP8E4M3PerTensorSpec(observer_method="min_max", is_dynamic=True)
     return fake_quantize_base.get_fake_quantize(quark_spec.to_quantization_spec())
 
 
@@ -121,7 +112,7 @@ class QuarkBackend:
 
     name = "quark"
     device = "cpu"
-    claims: tuple[Recipe | str, ...] = QUARK_CLAIMS
+    claims: tuple[Recipe, ...] = tuple(c.recipe for c in QUARK_CONFIGS)
     input_dtypes: tuple[torch.dtype, ...] = _INPUTS
 
     def available(self) -> tuple[bool, str]:
@@ -140,16 +131,17 @@ class QuarkBackend:
     def supports(self, recipe: Recipe | str) -> tuple[bool, str]:
         """Recipes whose six operand copies Quark's fake-quantizers all compute."""
         r = get_recipe(recipe)
-        for operand in OPERANDS:
-            if (why := _spec_refusal(r.spec(operand))) is not None:
-                return False, f"{operand}: {why}"
+        try:
+            for operand in OPERANDS:
+                find_config("quark", QUARK_CONFIGS, r.spec(operand))
+        except Refusal as e:
+            return False, f"quark: recipe {r.name}: {e}"
         return True, ""
 
     def fake_quantize(self, x: torch.Tensor, spec: OperandSpec, *, state: object = None) -> torch.Tensor:
         """Quark's fake-quantized values of the 2D operand x [rows, K], in x's dtype."""
         x = check_operand(x, "quark", _INPUTS)
-        if (why := _spec_refusal(spec)) is not None:
-            raise Refusal(why)
+        find_config("quark", QUARK_CONFIGS, spec)
         if (spec.scaling, spec.fmt, spec.scale_rule) == ("mx", "e2m1", "even") and x.dtype != torch.float32 \
                 and x.device.type == "cpu":
             raise Refusal(f"quark: MXFP4 'even' on a {x.dtype} tensor runs mx.qdq_mxfp4, a GPU-only kernel")

@@ -1,5 +1,4 @@
-"""Checks the fake-quant adapters share: which OperandSpec fields a library's quantizer
-fixes, and what a 2D operand must be, each answered in one sentence naming the library."""
+"""What the fake-quant adapters (brevitas, quark) take as an operand, checked once for both."""
 
 from __future__ import annotations
 
@@ -7,18 +6,7 @@ from typing import Any
 
 import torch
 
-from mxcheck.recipes import OperandSpec
-
-__all__ = ["check_operand", "field_refusal"]
-
-
-def field_refusal(spec: OperandSpec, library: str, **fixed: Any) -> str | None:
-    """None when every field named in ``fixed`` has that value in ``spec``, else why the
-    library's quantizer cannot compute ``spec`` (each differing field, its value and the
-    library's)."""
-    bad = [f"{name}={getattr(spec, name)!r} (its quantizer has {want!r})"
-           for name, want in fixed.items() if getattr(spec, name) != want]
-    return f"{library}: {spec.fmt} {spec.scaling}: {', '.join(bad)}" if bad else None
+__all__ = ["check_operand"]
 
 
 def check_operand(x: Any, library: str, dtypes: tuple[torch.dtype, ...]) -> torch.Tensor:
