@@ -1,0 +1,167 @@
+"""A fake ``quark`` (AMD Quark, ``amd-quark``) as strict as the released one, for CPU tests of
+the Quark adapter (``mxcheck.backends.quark_backend``).
+
+What it models: amd-quark 0.13 (the wheel on PyPI; 0.12.post1 has the same classes and
+signatures below). Files, in the wheel:
+
+* ``quark/torch/quantization/config/config.py``: ``OCP_MXFP8E4M3Spec``, ``OCP_MXFP8E5M2Spec``,
+  ``OCP_MXFP6E2M3Spec``, ``OCP_MXFP6E3M2Spec``, ``OCP_MXFP4Spec`` (``ch_axis`` required,
+  ``is_dynamic=True``, ``scale_calculation_mode="even"``), ``FP8E4M3PerTensorSpec``
+  (``observer_method="min_max"``, ``scale_type=None``, ``is_dynamic=False``),
+  ``FP4PerGroupSpec(ch_axis, group_size, scale_format="float32", scale_calculation_mode=None,
+  is_dynamic=True, scale_type="float")``, ``ScaleQuantSpec(first_stage, second_stage)``:
+  dataclasses (a missing or unknown keyword is a TypeError); ``to_quantization_spec()`` a
+  config (a list for ScaleQuantSpec).
+* ``quark/torch/quantization/tensor_quantize.py::FakeQuantizeBase.get_fake_quantize(spec)``:
+  ``SequentialQuantize`` for a list, ``DynamicScaledFakeQuantize`` for a dynamic spec, else
+  ``StaticScaledFakeQuantize``; a dynamic MXFP4 "even" module sends float16 and bfloat16 to
+  ``mx.qdq_mxfp4``, which raises ``RuntimeError("qdq_mxfp4 is only implemented in CUDA
+  devices!")`` on a CPU tensor (``quark/torch/kernel/__init__.py``).
+
+Numerics (``quantization/observer/observer.py::get_scale``, ``quantization/utils.py::
+even_round``): MX "even" rounds the group amax's float32 bits up at the element's mantissa
+width and takes 2^(floor(log2) - emax) clamped to [2^-127, 2^127]; "floor" is
+``torch.pow(2, torch.floor(torch.log2(amax)) - emax)`` in the input's dtype (a zero scale
+replaced by float32 eps); FP8 per tensor: amax / 448 in the input's dtype, a zero scale
+replaced by eps. Elements: x / scale rounded to nearest even and saturated (mxcheck's
+``cast``, standing in for Quark's C++ op), times scale. NVFP4: the two-level NVFP4 values,
+every zero +0 (measured on 0.13: a negative value that rounds to zero comes back +0).
+``tests/test_fake_quant_adapters.py`` holds this fake to the released library where that is
+installed.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from types import ModuleType, SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from mxcheck.formats import cast
+from mxcheck.scaling.nvfp4 import nvfp4_quantize
+from tests.fakes.distribution import installed
+
+RELEASED = "0.13"
+EPS = torch.finfo(torch.float32).eps
+EMAX = {"e4m3": 8, "e5m2": 15, "e2m3": 2, "e3m2": 4, "e2m1": 2}  # utils.py get_dtype_params
+MBITS = {"e4m3": 3, "e5m2": 2, "e2m3": 3, "e3m2": 2, "e2m1": 1}
+
+
+def _mx_spec(fmt: str) -> type:
+    @dataclass
+    class OCPMXSpec:
+        ch_axis: int
+        is_dynamic: bool = True
+        scale_calculation_mode: str = "even"
+
+        def to_quantization_spec(self) -> SimpleNamespace:
+            return SimpleNamespace(kind="mx", fmt=fmt, ch_axis=self.ch_axis, is_dynamic=self.is_dynamic,
+                                   scale_calculation_mode=self.scale_calculation_mode, group_size=32)
+    return OCPMXSpec
+
+
+@dataclass
+class FP8E4M3PerTensorSpec:
+    observer_method: str | None = "min_max"
+    scale_type: str | None = None
+    is_dynamic: bool | None = False
+
+    def to_quantization_spec(self) -> SimpleNamespace:
+        return SimpleNamespace(kind="fp8", fmt="e4m3", is_dynamic=self.is_dynamic, scale_type=self.scale_type)
+
+
+@dataclass
+class FP4PerGroupSpec:
+    ch_axis: int
+    group_size: int
+    scale_format: str | None = "float32"
+    scale_calculation_mode: str | None = None
+    is_dynamic: bool | None = True
+    scale_type: str | None = "float"
+
+    def to_quantization_spec(self) -> SimpleNamespace:
+        return SimpleNamespace(kind="fp4-group", fmt="e2m1", group_size=self.group_size, is_dynamic=self.is_dynamic)
+
+
+@dataclass
+class ScaleQuantSpec:
+    first_stage: Any
+    second_stage: Any
+
+    def to_quantization_spec(self) -> list[SimpleNamespace]:
+        return [self.first_stage.to_quantization_spec(), self.second_stage.to_quantization_spec()]
+
+
+def _even_scale(amax: torch.Tensor, fmt: str) -> torch.Tensor:
+    bits = (amax.float().view(torch.int32) + (1 << (23 - MBITS[fmt] - 1))) & (0x1FF << 23)
+    rounded = torch.where(amax == 0, 2.0 ** -126, bits.view(torch.float32))
+    return torch.exp2(torch.clamp(torch.floor(torch.log2(rounded)) - EMAX[fmt], -127, 127))
+
+
+class _FakeQuantize(torch.nn.Module):
+    def __init__(self, spec: SimpleNamespace) -> None:
+        super().__init__()
+        self.spec = spec
+
+    def _mx(self, x: torch.Tensor) -> torch.Tensor:
+        fmt, rule = self.spec.fmt, self.spec.scale_calculation_mode
+        if (fmt, rule) == ("e2m1", "even") and x.dtype in (torch.float16, torch.bfloat16) and x.device.type == "cpu":
+            raise RuntimeError("qdq_mxfp4 is only implemented in CUDA devices!")
+        k = x.shape[-1]
+        g = torch.nn.functional.pad(x, (0, -k % 32)).unflatten(-1, (-1, 32))
+        amax = g.abs().amax(-1, keepdim=True)
+        if rule == "even":
+            scale = _even_scale(amax, fmt).to(x.dtype)
+        elif rule == "floor":
+            scale = torch.pow(2, torch.floor(torch.log2(amax)) - EMAX[fmt])
+            scale = scale.masked_fill(scale == 0.0, EPS)
+        else:
+            raise ValueError(f"Unsupported scale_calculation_mode: {rule}")
+        return (cast((g / scale).float(), fmt).to(x.dtype) * scale).flatten(-2)[..., :k]
+
+    def _fp8(self, x: torch.Tensor) -> torch.Tensor:
+        scale = (x.abs().amax() / 448.0).masked_fill(x.abs().amax() == 0, EPS)
+        return cast((x / scale).float(), "e4m3").to(x.dtype) * scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._mx(x) if self.spec.kind == "mx" else self._fp8(x)
+
+
+class _SequentialQuantize(torch.nn.Sequential):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nvfp4_quantize(x.float()).dequantize().to(x.dtype) + 0.0  # every zero +0
+
+
+class FakeQuantizeBase:
+    @staticmethod
+    def get_fake_quantize(quant_spec: Any, device: Any = None, sequential: bool = False, **kwargs: Any) -> Any:
+        if isinstance(quant_spec, list):
+            return _SequentialQuantize(*(torch.nn.Identity() for _ in quant_spec))
+        if not quant_spec.is_dynamic:
+            raise NotImplementedError("fake models the dynamic quantizers (and the nvfp4 scheme's sequence) only")
+        return _FakeQuantize(quant_spec)
+
+
+def install(monkeypatch: pytest.MonkeyPatch, version: str = RELEASED) -> SimpleNamespace:
+    """Put the fake quark in sys.modules (and its version in importlib.metadata)."""
+    names = ("quark", "quark.torch", "quark.torch.quantization", "quark.torch.quantization.config",
+             "quark.torch.quantization.config.config", "quark.torch.quantization.tensor_quantize")
+    mods = {n: ModuleType(n) for n in names}
+    for n, m in mods.items():
+        m.__path__ = []
+        parent, _, child = n.rpartition(".")
+        if parent:
+            setattr(mods[parent], child, m)
+        monkeypatch.setitem(sys.modules, n, m)
+    config = mods["quark.torch.quantization.config.config"]
+    for name, fmt in (("OCP_MXFP8E4M3Spec", "e4m3"), ("OCP_MXFP8E5M2Spec", "e5m2"), ("OCP_MXFP6E2M3Spec", "e2m3"),
+                      ("OCP_MXFP6E3M2Spec", "e3m2"), ("OCP_MXFP4Spec", "e2m1")):
+        setattr(config, name, _mx_spec(fmt))
+    config.FP8E4M3PerTensorSpec, config.FP4PerGroupSpec = FP8E4M3PerTensorSpec, FP4PerGroupSpec
+    config.ScaleQuantSpec = ScaleQuantSpec
+    mods["quark.torch.quantization.tensor_quantize"].FakeQuantizeBase = FakeQuantizeBase
+    installed(monkeypatch, "amd-quark", version)
+    return SimpleNamespace(config=config, FakeQuantizeBase=FakeQuantizeBase)
