@@ -6,6 +6,7 @@ where those are installed (CI's survey tox env; skipped elsewhere)."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 from dataclasses import replace
@@ -102,11 +103,15 @@ def test_both_are_available_on_their_checked_release(brevitas, quark):
     assert quark.available() == (True, "")
 
 
-def test_importing_the_adapters_imports_neither_library():
-    code = ("import sys, mxcheck.backends.brevitas_backend, mxcheck.backends.quark_backend, mxcheck.backends as b; "
-            "b.get('brevitas'); b.get('quark'); "
+def test_importing_and_getting_the_adapters_imports_neither_library(tmp_path):
+    # packages that exist here, so that an import would succeed and show in sys.modules
+    for name in ("brevitas", "quark"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text("")
+    code = ("import sys, mxcheck.backends as b; b.get('brevitas'); b.get('quark'); "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('brevitas', 'quark')))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
     assert out.stdout.strip() == "[]"
 
 
