@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _brevitas import mx_values  # noqa: E402
+from _brevitas import mx_values
 
 zero = mx_values(torch.zeros(1, 32, dtype=torch.float16))
 small = mx_values(torch.full((1, 32), 1e-5, dtype=torch.float16))  # OCP: scale 2^-25, 1e-5 kept to 3 bits

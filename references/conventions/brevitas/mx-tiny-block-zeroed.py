@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _brevitas import mx_values  # noqa: E402
+from _brevitas import mx_values
 
 v = mx_values(torch.full((1, 32), 1e-20))  # OCP: scale 2^(floor(log2 1e-20) - 8) = 2^-75, 1e-20 kept to 3 bits
 if v.count_nonzero().item() == 0:

@@ -3,9 +3,9 @@
 import os
 
 os.environ.setdefault("QUARK_DISABLE_COMPILE", "1")
-import torch  # noqa: E402
-from quark.torch.quantization.config import config  # noqa: E402
-from quark.torch.quantization.tensor_quantize import FakeQuantizeBase  # noqa: E402
+import torch
+from quark.torch.quantization.config import config
+from quark.torch.quantization.tensor_quantize import FakeQuantizeBase
 
 
 def values(spec_name: str, x: torch.Tensor, **kwargs) -> torch.Tensor:

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _quark import values  # noqa: E402
+from _quark import values
 
 x = torch.full((1, 32), 4.0)
 x[0, 1] = -0.01  # OCP MXFP4 scale 2^0: -0.01 rounds to -0 (code 0x8)
