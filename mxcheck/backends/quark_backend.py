@@ -75,10 +75,15 @@ QUARK_CONFIGS: tuple[LibraryConfig, ...] = (
 )
 
 
+def _eager() -> None:
+    """Quark reads QUARK_DISABLE_COMPILE once, at import (quark/torch/utils/constants.py)."""
+    os.environ.setdefault("QUARK_DISABLE_COMPILE", "1")
+
+
 @functools.cache
 def _quark() -> Any:
-    """Quark's config module and FakeQuantizeBase, imported eagerly-compiled (see the module doc)."""
-    os.environ.setdefault("QUARK_DISABLE_COMPILE", "1")
+    """Quark's config module and FakeQuantizeBase, with its fake-quantize op eager (module doc)."""
+    _eager()
     from quark.torch.quantization.config import config  # noqa: PLC0415
     from quark.torch.quantization.tensor_quantize import FakeQuantizeBase  # noqa: PLC0415
 
@@ -123,7 +128,7 @@ class QuarkBackend:
             return False, why
         from mxcheck.backends import import_vendor  # noqa: PLC0415  (the registry imports this module)
 
-        os.environ.setdefault("QUARK_DISABLE_COMPILE", "1")
+        _eager()
         if (why := import_vendor("quark.torch")) is not None:
             return False, why
         return True, ""
