@@ -114,6 +114,18 @@ def test_values_are_the_dequantized_codes_in_the_input_dtype(adapter):
         torch.testing.assert_close(values, backend.quantize(x, recipe.x_row).dequantize(), rtol=2**-22, atol=0)
 
 
+def test_dequantize_reads_the_librarys_own_export_back(adapter):
+    """dequantize (the library's decompression of codes in mxcheck's layout) gives the
+    library's own values back, in bfloat16: the codes, scales and per-tensor factor reach it
+    in the fields its checkpoints hold (a nibble order or a decode / encode factor mixed up
+    moves values)."""
+    _, backend, _ = adapter
+    x = _randn(16, 128)
+    for recipe in backend.claims:
+        values = backend.dequantize(backend.quantize(x, recipe.x_row), recipe.x_row)
+        assert torch.equal(values.bfloat16(), backend.fake_quantize(x, recipe.x_row).bfloat16()), recipe.name
+
+
 def test_compressed_tensors_nvfp4_drops_the_tensor_scale_of_a_float16_tensor_below_0_041(monkeypatch):
     """compressed-tensors 0.20 generate_gparam divides 2688 by the amax in the tensor's dtype:
     in float16 it overflows below 2688 / 65504 = 0.041 and becomes 1.0, so a block whose amax

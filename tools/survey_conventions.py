@@ -32,6 +32,7 @@ back to merge a GPU run).
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import math
 import os
@@ -193,10 +194,32 @@ def _conform(lib: Library, claims: list[str], work: Path) -> dict[str, Any]:
     return out
 
 
+def reproducer_files(library: str) -> list[Path]:
+    """The committed reproducers of a library's defects (``_*.py`` are their shared helpers)."""
+    return sorted(p for p in (RECORDS / library).glob("*.py") if not p.name.startswith("_"))
+
+
+def defects(library: str) -> list[dict[str, str]]:
+    """Each reproducer's defect, from its docstring: the title line, and the ``effect:``,
+    ``cause:`` and ``recipe:`` lines (written by hand, each checked against the library's code)."""
+    out = []
+    for path in reproducer_files(library):
+        doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+        fields = dict(line.split(": ", 1) for line in doc.splitlines()[1:] if line.split(":")[0] in _DEFECT_FIELDS)
+        missing = [f for f in _DEFECT_FIELDS if f not in fields]
+        if missing:
+            raise ValueError(f"reproducer {path}: its docstring has no {', '.join(missing)} line")
+        out.append({"id": path.stem, "title": doc.splitlines()[0], **fields})
+    return out
+
+
+_DEFECT_FIELDS = ("effect", "cause", "recipe")
+
+
 def _reproducers(lib: Library) -> dict[str, int]:
     """Each committed reproducer's exit status on this release (1: the defect is there)."""
     out = {}
-    for path in sorted((RECORDS / lib.name).glob("[!_]*.py")):  # _name.py: a helper the reproducers import
+    for path in reproducer_files(lib.name):
         proc = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, check=False)
         out[path.stem] = proc.returncode
     return out
@@ -236,6 +259,96 @@ def _recipe_file(recipe: Any, where: Path) -> Path:
     return path
 
 
+# ---- interop: one library's exported codes read by another's dequantization ---------------------
+
+ORACLE = "the format's definition (mxcheck)"
+
+
+def _interop_inputs(spec: Any, dtypes: tuple) -> list[Any]:
+    """The quantize check's inputs for ``spec`` (every family, in each dtype the exporter takes)."""
+    import torch  # noqa: PLC0415
+
+    from mxcheck.conformance.basic import QUANTIZE_INPUTS  # noqa: PLC0415
+
+    gen = torch.Generator().manual_seed(0)
+    return [t for family in QUANTIZE_INPUTS.values() for dtype, _, t in family.tensors(gen, spec, 256, 512)
+            if dtype in dtypes]
+
+
+def _definition(q: Any) -> Any:
+    """The values an export's fields mean by the format's definition: NVFP4 code x block scale
+    x the exported per-tensor decode factor; MX and FP8 as mxcheck's tensors dequantize."""
+    return q.block_values() * q.tensor_scale if hasattr(q, "block_scales") else q.dequantize()
+
+
+def _interop_child(out: Path) -> None:
+    """Per exporting library and claim: for each other library that reads that format, how
+    many values of its dequantization of the exported codes differ from the exporter's own
+    values (both rounded to bfloat16, the dtype a model is served in; NaN equals NaN)."""
+
+    from mxcheck import backends  # noqa: PLC0415
+    from mxcheck.backends.contract import Refusal  # noqa: PLC0415
+
+    here = {}
+    for lib in LIBRARIES.values():
+        backend = backends.get(lib.adapter)
+        if lib.exports_codes and backend.available()[0]:
+            here[lib.name] = backend
+    readers = {n: b for n, b in here.items() if hasattr(b, "dequantize")}
+
+    def differ(a: Any, b: Any) -> int:
+        a, b = a.float().bfloat16(), b.float().bfloat16()
+        return int(((a != b) & ~(a.isnan() & b.isnan())).sum())
+
+    result: dict[str, Any] = {"releases": {n: _release(LIBRARIES[n]) for n in here}, "matrix": {}}
+    for name, exporter in here.items():
+        if not hasattr(exporter, "fake_quantize"):
+            continue  # its own values are the reference
+        for claim in exporter.claims:
+            spec = claim.spec("x_row")
+            cells, crashes, total = {}, {}, 0
+            for x in _interop_inputs(spec, tuple(getattr(exporter, "input_dtypes", ()))):
+                try:
+                    own, q = exporter.fake_quantize(x, spec), exporter.quantize(x, spec)
+                except Refusal:
+                    continue
+                total += x.numel()
+                reads = {ORACLE: lambda q=q: _definition(q)}
+                for reader_name, reader in readers.items():
+                    same_format = [c.spec("x_row") for c in reader.claims if (c.x_row.fmt, c.x_row.scaling,
+                                   c.x_row.block_size) == (spec.fmt, spec.scaling, spec.block_size)]
+                    if reader_name != name and same_format:
+                        reads[reader_name] = lambda q=q, r=reader, s=same_format[0]: r.dequantize(q, s)
+                for k, read in reads.items():
+                    try:
+                        n = differ(read(), own)
+                    except Exception as e:  # a reader that cannot read an export is a finding
+                        crashes.setdefault(k, f"cannot read it: {type(e).__name__}: {str(e)[:80]}")
+                        continue
+                    cells[k] = cells.get(k, 0) + n
+            result["matrix"][f"{name} {claim.name}"] = {
+                k: crashes.get(k) or ("same" if cells[k] == 0 else f"{cells[k]:,} of {total:,} differ")
+                for k in {**cells, **crashes}}
+    out.write_text(json.dumps(result, indent=1))
+
+
+def interop(python: str, records: Path) -> None:
+    """Run the interop matrix where ``python`` imports the exporting libraries; store each
+    exporter's row in its record."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "interop.json"
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+        subprocess.run([python, __file__, "--interop-child", str(out)], env=env, check=True)
+        result = json.loads(out.read_text())
+    for name in result["releases"]:
+        path = records / f"{name}.json"
+        record = json.loads(path.read_text()) if path.exists() else {"library": name, "runs": [], "defects": []}
+        records.mkdir(parents=True, exist_ok=True)
+        record["interop"] = {"releases": result["releases"],
+                             "rows": {k: v for k, v in result["matrix"].items() if k.split(" ")[0] == name}}
+        path.write_text(json.dumps(record, indent=1, default=str) + "\n")
+
+
 # ---- the parent: one child per release, then the records and the page -----------------------
 
 def _children(lib: Library, device: str, pythons: list[str], installs: Path | None) -> list[tuple[str, dict]]:
@@ -253,7 +366,7 @@ def survey(lib: Library, device: str, pythons: list[str], installs: Path | None,
     record = json.loads(path.read_text()) if path.exists() else {}
     record.update({"library": lib.name, "adapter": lib.adapter, "packages": list(lib.packages)})
     record.setdefault("runs", [])
-    record.setdefault("defects", [])
+    record["defects"] = defects(lib.name)
     for python, extra in _children(lib, device, pythons, installs):
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "run.json"
@@ -327,6 +440,8 @@ def _library_section(rec: dict) -> list[str]:
     if not runs:
         return [*lines, "", "No release was run yet.", ""]
     heads = [f"{r['release']} ({r['device']})" for r in runs]
+    lines += [f"{h}: {r['note']}." for h, r in zip(heads, runs, strict=True) if r.get("note")]
+    lines += [""] if any(r.get("note") for r in runs) else []
     fits = list(dict.fromkeys(f["recipe"] for r in runs for f in r.get("fits", [])))
     if fits:
         lines += ["Fitted profile (`mxcheck fit`, operand x_row):", ""]
@@ -342,28 +457,33 @@ def _library_section(rec: dict) -> list[str]:
     if rec["defects"]:
         lines += [f"Defects (reproducers: `references/conventions/{rec['library']}/DEFECT.py`, one block each, exit 1 "
                   "while the defect is there):", "",
-                  "| defect | effect | cause | " + " | ".join(heads) + " |", "|---|---|---|" + "---|" * len(runs)]
+                  "| defect | effect | cause (in the library's source) | recipe | " + " | ".join(heads) + " |",
+                  "|---|---|---|---|" + "---|" * len(runs)]
         for d in rec["defects"]:
             seen = [{1: "yes", 0: "fixed"}.get(r.get("reproducers", {}).get(d["id"]), "not run") for r in runs]
             link = f"`{d['id']}`"
-            lines.append(f"| {link} | {d['effect']} | {d['cause']} | " + " | ".join(seen) + " |")
+            lines.append(f"| {link} | {d['effect']} | {d['cause']} | {d['recipe']} | " + " | ".join(seen) + " |")
         lines.append("")
     return lines
 
 
 def _interop(records: list[dict]) -> list[str]:
-    cells = {(r["library"], e): v for r in records for e, v in r.get("interop", {}).items()}
-    if not cells:
+    rows = {k: v for r in records for k, v in r.get("interop", {}).get("rows", {}).items()}
+    if not rows:
         return []
-    libs = sorted({a for a, _ in cells} | {b for _, b in cells})
+    releases = {k: v for r in records for k, v in r.get("interop", {}).get("releases", {}).items()}
+    readers = [ORACLE, *sorted({reader for cells in rows.values() for reader in cells} - {ORACLE})]
     lines = ["## Interop: one library's codes read by another", "",
-             "A row exports codes (its own quantizer and packer); a column dequantizes them with its own "
-             "function. *same* means every value equals the exporter's own dequantization bit for bit on the "
-             "quantize check's inputs; otherwise the count of values that differ.", "",
-             "| exporter \\ reader | " + " | ".join(libs) + " |", "|---|" + "---|" * len(libs)]
-    for a in sorted({a for a, _ in cells}):
-        lines.append(f"| {a} | " + " | ".join(cells.get((a, b), "") for b in libs) + " |")
-    return [*lines, ""]
+             "A row is a library's export (its quantizer's codes and scales, for one of its configurations); a "
+             "column is a dequantization of those codes: the format's definition (mxcheck's oracle "
+             "`dequantize`), or another library's own dequantization of that format (its decompressor), given "
+             "the codes and scales converted to the fields its checkpoints hold. *same*: every value equals "
+             "the exporter's own values (its fake-quant), both rounded to bfloat16 (NaN equals NaN), on the "
+             "quantize check's inputs (every input family, in each dtype the exporter takes); "
+             "otherwise how many differ. Releases: "
+             + ", ".join(f"{k} {v}" for k, v in sorted(releases.items())) + ".", ""]
+    lines += _table("export", sorted(rows), readers, lambda row, i: rows[row].get(readers[i], "n/a"))
+    return lines
 
 
 def page(records: list[dict]) -> str:
@@ -381,7 +501,8 @@ def page(records: list[dict]) -> str:
     lines += _interop(records)
     not_run = [n for n in LIBRARIES if n not in {r["library"] for r in records}]
     if not_run:
-        lines += [f"Not surveyed yet: {', '.join(not_run)}.", ""]
+        lines += [f"Not surveyed yet: {', '.join(not_run)} (on a GPU: `python tools/survey_conventions.py --library "
+                  "NAME --device cuda --out DIR`, then the records copied into `references/conventions/`).", ""]
     return "\n".join(lines)
 
 
@@ -399,16 +520,24 @@ def main() -> int:
     ap.add_argument("--installs", type=Path, help="a directory of PACKAGE-VERSION --target installs")
     ap.add_argument("--out", type=Path, default=RECORDS, help="where the records go. Default: %(default)s")
     ap.add_argument("--page-only", action="store_true", help="regenerate the page from the records")
+    ap.add_argument("--interop", metavar="PY", help="measure the interop matrix with this interpreter (one that "
+                    "imports every exporting library)")
     ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--interop-child", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         _child(LIBRARIES[args.library[0]], args.device, args.child)
+        return 0
+    if args.interop_child:
+        _interop_child(args.interop_child)
         return 0
     for name in args.library:
         lib = LIBRARIES[name]
         if args.device not in lib.devices:
             ap.error(f"--device {args.device}: {name} is surveyed on {list(lib.devices)}")
         survey(lib, args.device, args.python, args.installs, args.out)
+    if args.interop:
+        interop(args.interop, args.out)
     if args.out == RECORDS:
         PAGE.write_text(page(_records(RECORDS)))
         print(f"wrote {PAGE.relative_to(ROOT)}")

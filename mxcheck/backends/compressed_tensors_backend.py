@@ -30,7 +30,7 @@ import torch
 from mxcheck.backends.contract import Refusal, version_problem
 from mxcheck.backends.library_configs import LibraryConfig, find_config
 from mxcheck.formats import get_format
-from mxcheck.packing import unpack_fp4
+from mxcheck.packing import pack_fp4, unpack_fp4
 from mxcheck.recipes import OPERANDS, OperandSpec, Recipe, get_recipe
 from mxcheck.scaling.fp8 import FP8Tensor
 from mxcheck.scaling.mx import MXTensor
@@ -85,9 +85,15 @@ class CompressedTensorsBackend:
             return False, f"compressed_tensors: recipe {r.name}: {e}"
         return True, ""
 
+    @staticmethod
+    def _preset(spec: OperandSpec) -> Any:
+        from compressed_tensors.quantization import preset_name_to_scheme  # noqa: PLC0415
+
+        config = find_config("compressed-tensors", CT_CONFIGS, spec)
+        return config.name, preset_name_to_scheme(config.name, ["Linear"]).weights
+
     def _args(self, x: Any, spec: OperandSpec) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """(QuantizationArgs, scale, zero point, global scale) as the library computes them for x."""
-        from compressed_tensors.quantization import preset_name_to_scheme  # noqa: PLC0415
         from compressed_tensors.quantization.utils import (  # noqa: PLC0415
             compute_dynamic_scales_and_zp,
             generate_gparam,
@@ -98,10 +104,9 @@ class CompressedTensorsBackend:
                              f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
         if x.dtype not in self.input_dtypes:
             raise TypeError(f"x.dtype={x.dtype}; expected one of {list(self.input_dtypes)}")
-        config = find_config("compressed-tensors", CT_CONFIGS, spec)
-        args = preset_name_to_scheme(config.name, ["Linear"]).weights
+        name, args = self._preset(spec)
         if args.group_size and x.shape[1] % args.group_size:
-            raise Refusal(f"compressed-tensors {config.name} needs K a multiple of its group_size "
+            raise Refusal(f"compressed-tensors {name} needs K a multiple of its group_size "
                           f"{args.group_size}; got K={x.shape[1]}")
         global_scale = generate_gparam(x.amin(), x.amax()) if spec.scaling == "nvfp4" else None
         scale, zero_point = compute_dynamic_scales_and_zp(x, args, module=None, global_scale=global_scale)
@@ -138,3 +143,27 @@ class CompressedTensorsBackend:
         scale_inv = scale.float().reshape(())
         return FP8Tensor(codes=codes, scale_inv=scale_inv, fmt=fmt, granularity="tensor",
                          scale=torch.reciprocal(scale_inv), amax=x.abs().amax().float())
+
+    def dequantize(self, q: Any, spec: OperandSpec) -> torch.Tensor:
+        """What compressed-tensors' decompressors read from an export in mxcheck's layout
+        (``q`` as ``quantize`` returns it, from any library): fp4 codes through
+        ``unpack_fp4_from_uint8`` (bfloat16, its default), MX bytes through
+        ``decompress_mx_scale`` (bfloat16), then ``forward.dequantize`` in the scale's dtype, as it
+        decompresses. Its NVFP4 checkpoint holds the encode factor: ``global_scale = 1 / tensor_scale``."""
+        from compressed_tensors.compressors.mx_utils import decompress_mx_scale  # noqa: PLC0415
+        from compressed_tensors.compressors.nvfp4.helpers import unpack_fp4_from_uint8  # noqa: PLC0415
+        from compressed_tensors.quantization.lifecycle.forward import dequantize  # noqa: PLC0415
+
+        _, args = self._preset(spec)
+        rows, k = q.codes.shape
+        x_q = (unpack_fp4_from_uint8(pack_fp4(q.codes), rows, k) if get_format(spec.fmt).bits == 4
+               else q.codes.view(torch.float8_e4m3fn))
+        global_scale = None
+        if spec.scaling == "nvfp4":  # NVFP4PackedCompressor.decompress: the scale in the unpacked dtype
+            scale = q.block_scales.view(torch.float8_e4m3fn).to(x_q.dtype)
+            global_scale = torch.reciprocal(q.tensor_scale).reshape(1)
+        elif spec.scaling == "mx":
+            scale = decompress_mx_scale(q.scales)
+        else:  # NaiveQuantizationCompressor: the float32 scale as stored
+            scale = q.scale_inv.reshape(1)
+        return dequantize(x_q, scale, args=args, global_scale=global_scale, dtype=scale.dtype)

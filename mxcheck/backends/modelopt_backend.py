@@ -37,7 +37,7 @@ import torch
 from mxcheck.backends.contract import Refusal, version_problem
 from mxcheck.backends.library_configs import LibraryConfig, find_config
 from mxcheck.formats import get_format
-from mxcheck.packing import unpack_fp4
+from mxcheck.packing import pack_fp4, unpack_fp4
 from mxcheck.recipes import OPERANDS, OperandSpec, Recipe, get_recipe
 from mxcheck.scaling.fp8 import FP8Tensor
 from mxcheck.scaling.mx import MXTensor
@@ -154,3 +154,22 @@ class ModelOptBackend:
         scale_inv = scales[0].float().reshape(())
         return FP8Tensor(codes=codes, scale_inv=scale_inv, fmt=fmt, granularity="tensor",
                          scale=torch.reciprocal(scale_inv), amax=amax)
+
+    def dequantize(self, q: Any, spec: OperandSpec) -> torch.Tensor:
+        """What ModelOpt's ``*QTensor.dequantize`` reads from an export in mxcheck's layout
+        (``q`` as ``quantize`` returns it, from any library): codes repacked as its
+        ``_quantized_data``, the scales as its export stores them; float32 values."""
+        import importlib  # noqa: PLC0415
+
+        name = find_config("modelopt", MODELOPT_CONFIGS, spec).name
+        export = _EXPORTS[name]
+        rows, k = q.codes.shape
+        data = pack_fp4(q.codes) if get_format(spec.fmt).bits == 4 else q.codes.view(torch.float8_e4m3fn)
+        qtensor = getattr(importlib.import_module(_QTENSOR), export.qtensor)(torch.Size((rows, k)), torch.float32, data)
+        if spec.scaling == "nvfp4":
+            scales = (q.block_scales.view(torch.float8_e4m3fn), q.tensor_scale)
+        elif spec.scaling == "mx":
+            scales = (q.scales if name == "MXFP8_DEFAULT_CFG" else q.scales.reshape(-1, 1),)
+        else:
+            scales = (q.scale_inv,)
+        return qtensor.dequantize(torch.float32, **export.dequantize_kwargs(*scales))

@@ -20,6 +20,9 @@ What it models, each function with the real one's signature and CPU path:
   multiplies back by the scale.
 * ``compressors/nvfp4/helpers.py::pack_fp4_to_uint8`` (2D, even columns: ValueError
   otherwise; low nibble = even index) and ``compressors/mx_utils.py::compress_mx_scale``.
+* What its decompressors read back: ``forward.py::dequantize`` (``x_q * (scale / gs)`` in the
+  scale's dtype, then ``dtype``), ``compressors/nvfp4/helpers.py::unpack_fp4_from_uint8``
+  (bfloat16 by default) and ``compressors/mx_utils.py::decompress_mx_scale`` (bfloat16).
 * ``importlib.metadata.version("compressed-tensors")`` answers ``version``.
 """
 
@@ -159,6 +162,31 @@ def fake_quantize(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor
     return _process(x, scale, args, global_scale, dequantize=True)
 
 
+def dequantize(x_q: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None = None,
+               args: QuantizationArgs | None = None, dtype: torch.dtype | None = None,
+               global_scale: torch.Tensor | None = None) -> torch.Tensor:
+    if args is None:
+        raise ValueError("Infering qargs from shape is no longer supported")
+    dtype = dtype or scale.dtype
+    if args.strategy != "tensor":
+        x_q, scale = x_q.unflatten(-1, (x_q.shape[-1] // args.group_size, args.group_size)), scale.unsqueeze(-1)
+    if global_scale is not None:
+        scale = scale / global_scale
+    out = (x_q.to(scale.dtype) * scale).to(dtype)
+    return out.flatten(start_dim=-2).to(dtype) if args.strategy != "tensor" else out
+
+
+def unpack_fp4_from_uint8(a: torch.Tensor, m: int, n: int, dtype: torch.dtype | None = torch.bfloat16) -> torch.Tensor:
+    assert a.dtype == torch.uint8
+    nibbles = torch.stack(((a.flatten() & 0x0F), (a.flatten() & 0xF0) >> 4), dim=1).flatten()
+    values = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])[(nibbles & 0x07).long()]
+    return (values * torch.where((nibbles & 0x08).bool(), -1.0, 1.0)).reshape(m, n).to(dtype=dtype)
+
+
+def decompress_mx_scale(scale: torch.Tensor) -> torch.Tensor:
+    return 2.0 ** (scale.to(torch.int32) - 127).to(torch.bfloat16)
+
+
 def pack_fp4_to_uint8(x: torch.Tensor) -> torch.Tensor:
     m, n = x.shape  # a ValueError for anything but 2D, as the real unpacking
     if n % 2 != 0:
@@ -189,7 +217,9 @@ def install(mp: pytest.MonkeyPatch, *, version: str = RELEASED) -> SimpleNamespa
     utils = mods["compressed_tensors.quantization.utils"]
     utils.generate_gparam, utils.compute_dynamic_scales_and_zp = generate_gparam, compute_dynamic_scales_and_zp
     forward = mods["compressed_tensors.quantization.lifecycle.forward"]
-    forward.quantize, forward.fake_quantize = quantize, fake_quantize
-    mods["compressed_tensors.compressors.mx_utils"].compress_mx_scale = compress_mx_scale
-    mods["compressed_tensors.compressors.nvfp4.helpers"].pack_fp4_to_uint8 = pack_fp4_to_uint8
+    forward.quantize, forward.fake_quantize, forward.dequantize = quantize, fake_quantize, dequantize
+    mx_utils = mods["compressed_tensors.compressors.mx_utils"]
+    mx_utils.compress_mx_scale, mx_utils.decompress_mx_scale = compress_mx_scale, decompress_mx_scale
+    helpers = mods["compressed_tensors.compressors.nvfp4.helpers"]
+    helpers.pack_fp4_to_uint8, helpers.unpack_fp4_from_uint8 = pack_fp4_to_uint8, unpack_fp4_from_uint8
     return SimpleNamespace(**mods)
