@@ -23,9 +23,10 @@ even_round``): MX "even" rounds the group amax's float32 bits up at the element'
 width and takes 2^(floor(log2) - emax) clamped to [2^-127, 2^127]; "floor" is
 ``torch.pow(2, torch.floor(torch.log2(amax)) - emax)`` in the input's dtype (a zero scale
 replaced by float32 eps); FP8 per tensor: amax / 448 in the input's dtype, a zero scale
-replaced by eps. Elements: x / scale rounded to nearest even and saturated (mxcheck's
-``cast``, standing in for Quark's C++ op), times scale. NVFP4: the two-level NVFP4 values,
-every zero +0 (measured on 0.13: a negative value that rounds to zero comes back +0).
+replaced by eps. Elements (``kernel/hw_emulation/csrc/mx/funcs.cuh::fake_quantize_element``):
+x / scale rounded to nearest even and saturated (mxcheck's ``cast``), Inf and NaN passed
+through, every e2m1 zero +0; times scale. NVFP4: block scale amax / 6 fake-quantized to e4m3
+with the tensor scale amax / (6 * 448), all in float32.
 ``tests/test_fake_quant_adapters.py`` holds this fake to the released library where that is
 installed.
 """
@@ -41,7 +42,6 @@ import pytest
 import torch
 
 from mxcheck.formats import cast
-from mxcheck.scaling.nvfp4 import nvfp4_quantize
 from tests.fakes.distribution import installed
 
 RELEASED = "0.13"
@@ -101,6 +101,29 @@ def _even_scale(amax: torch.Tensor, fmt: str) -> torch.Tensor:
     return torch.exp2(torch.clamp(torch.floor(torch.log2(rounded)) - EMAX[fmt], -127, 127))
 
 
+def _element(scaled: torch.Tensor, fmt: str) -> torch.Tensor:
+    """Round to nearest even and saturate, in the input's dtype; Inf and NaN pass through
+    (csrc/mx/funcs.cuh:110). e2m1 returns +0 for every value that rounds to zero (:124),
+    as the survey measured MXFP4 and NVFP4 on 0.12.post1 and 0.13; MXFP8 keeps -0."""
+    finite = scaled.isfinite()
+    q = cast(torch.where(finite, scaled, 0).float(), fmt)
+    q = q + 0.0 if fmt == "e2m1" else q
+    return torch.where(finite, q.to(scaled.dtype), scaled)
+
+
+def _nvfp4(x: torch.Tensor) -> torch.Tensor:
+    """The nvfp4 scheme's two stages in float32 (scale_type float32): the block scale
+    amax / 6, fake-quantized to e4m3 with the per-tensor scale amax / (6 * 448), then the
+    elements divided by it, cast and multiplied back."""
+    k = x.shape[-1]
+    blocks = x.float().unflatten(-1, (-1, 16))
+    tensor_scale = x.float().abs().amax() / (6.0 * 448.0)
+    tensor_scale = tensor_scale.masked_fill(tensor_scale == 0.0, EPS)
+    block_scale = blocks.abs().amax(-1, keepdim=True) / 6.0
+    block_scale = _element(block_scale.masked_fill(block_scale == 0.0, EPS) / tensor_scale, "e4m3") * tensor_scale
+    return (_element(blocks / block_scale, "e2m1") * block_scale).flatten(-2)[..., :k].to(x.dtype)
+
+
 class _FakeQuantize(torch.nn.Module):
     def __init__(self, spec: SimpleNamespace) -> None:
         super().__init__()
@@ -120,11 +143,11 @@ class _FakeQuantize(torch.nn.Module):
             scale = scale.masked_fill(scale == 0.0, EPS)
         else:
             raise ValueError(f"Unsupported scale_calculation_mode: {rule}")
-        return (cast((g / scale).float(), fmt).to(x.dtype) * scale).flatten(-2)[..., :k]
+        return (_element(g / scale, fmt) * scale).flatten(-2)[..., :k]
 
     def _fp8(self, x: torch.Tensor) -> torch.Tensor:
-        scale = (x.abs().amax() / 448.0).masked_fill(x.abs().amax() == 0, EPS)
-        return cast((x / scale).float(), "e4m3").to(x.dtype) * scale
+        scale = x.abs().amax() / 448.0
+        return _element(x / scale.masked_fill(scale == 0.0, EPS), "e4m3") * scale.masked_fill(scale == 0.0, EPS)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._mx(x) if self.spec.kind == "mx" else self._fp8(x)
@@ -132,7 +155,7 @@ class _FakeQuantize(torch.nn.Module):
 
 class _SequentialQuantize(torch.nn.Sequential):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return nvfp4_quantize(x.float()).dequantize().to(x.dtype) + 0.0  # every zero +0
+        return _nvfp4(x)
 
 
 class FakeQuantizeBase:
