@@ -42,7 +42,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.fakes.distribution import installed
+from tests.fakes.fake_aiter import _DistFinder
 
 RELEASED = "0.13.4"
 SCALING_MIN_VAL = 1e-10  # quant/float_base.py ScaledFloatActBase / FloatWeightBase
@@ -149,6 +149,6 @@ def install(monkeypatch: pytest.MonkeyPatch, version: str = RELEASED) -> ModuleT
     for name, mod in {"brevitas": brevitas, "brevitas.nn": nn, "brevitas.quant": quant,
                       "brevitas.quant.mx_quant_ocp": mx_quant_ocp}.items():
         monkeypatch.setitem(sys.modules, name, mod)
-    installed(monkeypatch, "brevitas", version)
+    monkeypatch.setattr(sys, "meta_path", [_DistFinder(version, "brevitas"), *sys.meta_path])
     return brevitas
 

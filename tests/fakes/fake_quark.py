@@ -42,7 +42,7 @@ import pytest
 import torch
 
 from mxcheck.formats import cast
-from tests.fakes.distribution import installed
+from tests.fakes.fake_aiter import _DistFinder
 
 RELEASED = "0.13"
 EPS = torch.finfo(torch.float32).eps
@@ -186,5 +186,5 @@ def install(monkeypatch: pytest.MonkeyPatch, version: str = RELEASED) -> SimpleN
     config.FP8E4M3PerTensorSpec, config.FP4PerGroupSpec = FP8E4M3PerTensorSpec, FP4PerGroupSpec
     config.ScaleQuantSpec = ScaleQuantSpec
     mods["quark.torch.quantization.tensor_quantize"].FakeQuantizeBase = FakeQuantizeBase
-    installed(monkeypatch, "amd-quark", version)
+    monkeypatch.setattr(sys, "meta_path", [_DistFinder(version, "amd-quark"), *sys.meta_path])
     return SimpleNamespace(config=config, FakeQuantizeBase=FakeQuantizeBase)
