@@ -208,11 +208,13 @@ def available_backends() -> dict[str, tuple[bool, str]]:
 # mxcheck (or listing backends) imports no vendor package; their available() imports those.
 _BUILTIN = {
     "triton": "mxcheck.backends.triton_mx:TritonMXBackend",
+    "brevitas": "mxcheck.backends.brevitas_backend:BrevitasBackend",
     "aiter": "mxcheck.backends.aiter:AiterBackend",
     "aiter_triton": "mxcheck.backends.aiter_triton:AiterTritonBackend",
     "compressed_tensors": "mxcheck.backends.compressed_tensors_backend:CompressedTensorsBackend",
     "modelopt": "mxcheck.backends.modelopt_backend:ModelOptBackend",
     "primus_turbo": "mxcheck.backends.primus_turbo:PrimusTurboBackend",
+    "quark": "mxcheck.backends.quark_backend:QuarkBackend",
     "torch": "mxcheck.backends.torch_scaled_mm:TorchScaledMMBackend",
     "torchao": "mxcheck.backends.torchao_backend:TorchaoBackend",
     "transformer_engine": "mxcheck.backends.transformer_engine:TransformerEngineBackend",
