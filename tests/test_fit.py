@@ -194,6 +194,10 @@ def test_fit_cli_writes_a_recipe_file_that_pins_the_fitted_profile(tmp_path, cap
     assert "mxfp8 x_row+w_row = profile(scale_mbits=1, scale_rule='even') + residual 0 blocks" in printed, printed
     recipe = load_recipe_file(path)
     assert recipe.x_row.profile == "mxfp8.x_row+w_row.fitted" and recipe.x_row.scale_rule == "even"
+    # mxfp8's other copies have x_row's spec: the same quantizer, pinned the same (torchao
+    # refuses a recipe that quantizes x_row and x_col differently)
+    for op in ("x_col", "w_col", "g_row", "g_col"):
+        assert recipe.spec(op) == recipe.x_row, op
     gen = torch.Generator().manual_seed(0)
     assert CHECKS["quantize"](KNOWN_BAD["bad-even-mantissa"](), recipe, gen) is None
 

@@ -45,20 +45,29 @@ def _spec_table(spec: Any, skip: tuple[str, ...] = ()) -> dict[str, Any]:
 
 def write_recipe(path: Path, recipe: Any, fits: list[Any]) -> None:
     """A recipe file: the recipe's operand specs, x_row and w_row pinned to their fitted
-    profile (every field inline); failures, which no profile field states, in its notes."""
+    profile (every field inline), and every other copy with the same spec pinned to the same;
+    failures, which no profile field states, in its notes."""
     from mxcheck.recipe_files import profile_table  # noqa: PLC0415
     from mxcheck.recipes import OPERANDS  # noqa: PLC0415
 
     pinned = {op: f for f in fits if f.fit is not None for op in f.operands}
+    # a copy the fit did not run on (x_col, w_col, the gradients) whose spec is a fitted one's is
+    # the same quantizer: pinned too, so a library that casts one config both ways (torchao)
+    # does not refuse the file for quantizing x_row and x_col differently
+    shared = {op: f for op in OPERANDS if op not in pinned
+              for f in fits if f.fit is not None and f.spec == recipe.spec(op)}
     data: dict[str, Any] = {"name": f"{recipe.name}.fitted", "source": f"mxcheck fit of recipe {recipe.name}",
                             "out_dtype": str(recipe.out_dtype).removeprefix("torch.")}
     notes = []
     for op in OPERANDS:
         spec = recipe.spec(op)
-        if op in pinned:
-            f = pinned[op]
+        if op in pinned or op in shared:
+            f = pinned.get(op) or shared[op]
             p = dataclasses.replace(f.fit.profile(f"{recipe.name}.{'+'.join(f.operands)}.fitted"), fmt=spec.fmt)
             data[op] = {**_spec_table(spec, p.spec_fields), "profile": profile_table(p)}
+            if op in shared:
+                notes += [f"{op}: the spec of {'+'.join(f.operands)}, pinned to its fit"]
+                continue
             notes += [f"{op}: residual {f.fit.residual} of {f.fit.blocks} blocks on the quantize check's inputs"]
             notes += [f"{op}: {n}" for n in p.notes]
         else:
