@@ -88,7 +88,8 @@ def test_a_recipe_outside_the_configurations_is_not_supported_naming_the_field(a
     (fake_brevitas.install, bb.BrevitasBackend, "brevitas", "0.14.0", ">=0.13.3,<0.14"),
     (fake_brevitas.install, bb.BrevitasBackend, "brevitas", "0.12.1", ">=0.13.3,<0.14"),
     (fake_quark.install, qb.QuarkBackend, "amd-quark", "0.14", ">=0.12,<0.14"),
-    (fake_quark.install, qb.QuarkBackend, "amd-quark", "0.11.2", ">=0.12,<0.14")], ids=str)
+    (fake_quark.install, qb.QuarkBackend, "amd-quark", "0.11.2", ">=0.12,<0.14")],
+    ids=["brevitas-0.14.0", "brevitas-0.12.1", "quark-0.14", "quark-0.11.2"])  # stable ids: xdist compares them
 def test_a_release_outside_the_checked_range_is_named_with_the_range(monkeypatch, install, adapter, package, version,
                                                                      needed):
     install(monkeypatch, version=version)
