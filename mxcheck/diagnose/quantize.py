@@ -471,7 +471,6 @@ def diagnose(d: QuantizeDiff, behaviours: tuple[Behaviour, ...] | None = None) -
 
 # ---- one check's report -------------------------------------------------------------------------
 
-FIELDS_LISTED = 8  # differing fields counted ahead of the cause; every comparison's come after it
 DIAGNOSED_IN_FULL = 4  # comparisons shown with examples; the rest get their counts and best cause
 
 
@@ -568,9 +567,6 @@ def report(diffs: list[QuantizeDiff], compared: int, head: str) -> str:
     fields = [f"  {d.operand}.{c.field} ({d.label}): {c.differ:,} of {c.total:,} {c.unit} differ"
               for d in diffs for c in d.counts if c.differ]
     fields += [f"  {d.operand} ({d.label}): {d.problem}" for d in diffs if d.problem]
-    if len(fields) > FIELDS_LISTED:  # the cause comes next: it must stay in a failure's first lines
-        fields = [*fields[:FIELDS_LISTED], f"  ... {len(fields) - FIELDS_LISTED:,} more differing fields "
-                                           "(each comparison's counts below)"]
     first = next((f"{d.operand}.{c.field} ({d.label})" for d in diffs for c in d.counts if c.differ),
                  f"{diffs[0].operand} ({diffs[0].label})")
     out = [f"{head}: {len(diffs)} of {compared} comparisons differ from the oracle, the first in {first}", *fields,

@@ -170,7 +170,7 @@ def test_truncation_fails_quantize_on_mxfp6_too(monkeypatch):
 def test_a_float32_log2_block_exponent_fails_quantize_on_the_amax_input(recipe, monkeypatch):
     _only_families(monkeypatch, "amax")
     with pytest.raises(NumericsError, match=r"x_row\.scales \(amax input\)"):
-        CHECKS["quantize"](KNOWN_BAD["bad-trunc"](), RECIPES[recipe], torch.Generator().manual_seed(0))
+        CHECKS["quantize"](KNOWN_BAD["bad-log2-scale"](), RECIPES[recipe], torch.Generator().manual_seed(0))
 
 
 @pytest.mark.parametrize("name", sorted(LOSES_TENSORS))
@@ -222,18 +222,3 @@ def test_ties_away_fail_on_midpoints_at_a_gradient_magnitude(recipe, monkeypatch
     with pytest.raises(NumericsError, match=r"x_row\.(codes|block_scales) \(midpoints-small input at amax \S+, "
                                             r"bfloat16 tensor\)"):
         CHECKS["quantize"](backend, RECIPES[recipe], torch.Generator().manual_seed(0))
-
-
-def test_the_cause_comes_within_the_first_lines_of_a_failure_whose_every_comparison_differs():
-    """A kernel wrong on nearly every input (element codes truncated) lists at
-    most FIELDS_LISTED field counts before the cause, so the cause is in the lines a condensed
-    terminal report keeps; every comparison still gets its count line further down."""
-    from mxcheck.diagnose.quantize import FIELDS_LISTED
-
-    message = _failure(KNOWN_BAD["bad-trunc"](), "mxfp8", "quantize")
-    lines = message.splitlines()
-    head = next(i for i, line in enumerate(lines) if " comparisons differ from the oracle" in line)
-    n_diff = int(re.search(r": (\d+) of \d+ comparisons differ", lines[head]).group(1))
-    assert 2 * n_diff > FIELDS_LISTED, "the case must have more differing fields than are listed"
-    assert lines.index("cause:") <= head + FIELDS_LISTED + 2
-    assert "more differing fields" in lines[head + FIELDS_LISTED + 1]
