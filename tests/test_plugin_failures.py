@@ -73,3 +73,24 @@ def test_the_full_trace_is_one_flag_away(pytester: pytest.Pytester):
     verdict = _failure_sections(result.stdout.str())["test_conformance_check"]
     assert any("secret_local" in line for line in verdict)
     assert any("block 99: kernel 0x63" in line for line in verdict) and SEE_MORE not in verdict
+
+
+def test_a_verdict_whose_every_comparison_differs_keeps_its_cause_in_the_lines_shown():
+    """A kernel wrong on every input lists a count per comparison ahead of ``cause:`` (seen on
+    AITER's Triton MXFP4 on an H100: 118 count lines, the cause at line 130 of a 60-line
+    report); the condensed verdict cuts that list to COUNTS_KEPT so the cause is shown."""
+    from mxcheck.assertions import NumericsError
+    from mxcheck.plugin.failures import COUNTS_KEPT, verdict_text
+
+    counts = [f"  x_row.codes (input {i}): {i} of 4,096 elements differ" for i in range(118)]
+    message = "\n".join(["quantize of recipe r, backend b: 59 of 60 comparisons differ", *counts, "cause:",
+                         "  12 of 12 differing blocks examined are reproduced by: the cause",
+                         *(f"x_row (input {i}): {i} of 128 blocks differ" for i in range(59))])
+    with pytest.raises(NumericsError) as info:
+        raise NumericsError(message)
+    shown = verdict_text(info).splitlines()
+    assert "  12 of 12 differing blocks examined are reproduced by: the cause" in shown
+    assert shown[1:1 + COUNTS_KEPT] == counts[:COUNTS_KEPT]
+    assert shown[1 + COUNTS_KEPT] == f"  ... {118 - COUNTS_KEPT} more differing fields (each comparison's count " \
+        "follows its cause below)"
+    assert len(shown) <= MAX_VERDICT_LINES + 2

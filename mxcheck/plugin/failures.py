@@ -13,11 +13,12 @@ import pytest
 
 from mxcheck.outcome import NumericsError
 
-__all__ = ["MAX_VERDICT_LINES", "SEE_MORE", "is_conformance_test", "short_report", "verdict_text"]
+__all__ = ["COUNTS_KEPT", "MAX_VERDICT_LINES", "SEE_MORE", "is_conformance_test", "short_report", "verdict_text"]
 
 # The verdict's head (lost-tensor line, counts, causes) comes first and its blocks after: the
 # first lines carry the finding, and 60 of them hold the head and a few blocks of each field.
 MAX_VERDICT_LINES = 60
+COUNTS_KEPT = 8  # differing-field counts shown ahead of the cause
 SEE_MORE = ("more: the full trace with --full-trace (mxcheck conform) or --mxcheck-full-trace (pytest); "
             "every differing block with --dump DIR (--mxcheck-dump DIR)")
 
@@ -38,7 +39,7 @@ def verdict_text(excinfo: pytest.ExceptionInfo[BaseException]) -> str | None:
     if isinstance(exc, pytest.fail.Exception) and not exc.pytrace:
         return None
     if isinstance(exc, NumericsError):
-        lines = str(exc).splitlines()
+        lines = _counts_elided(str(exc).splitlines())
         kept, dropped = lines[:MAX_VERDICT_LINES], lines[MAX_VERDICT_LINES:]
         tail = [f"... {len(dropped):,} more lines of differing blocks"] if dropped else []
     else:
@@ -48,6 +49,22 @@ def verdict_text(excinfo: pytest.ExceptionInfo[BaseException]) -> str | None:
         if dropped:
             kept = [f"... {len(dropped):,} earlier lines of the traceback", *kept]
     return "\n".join([*kept, *tail, SEE_MORE])
+
+
+def _counts_elided(lines: list[str]) -> list[str]:
+    """The verdict with its list of differing-field counts (the indented lines between the
+    head and ``cause:``) cut to COUNTS_KEPT: a kernel wrong on every input lists a count for
+    each of its 60-odd comparisons, which would push the cause out of the lines kept. Each
+    comparison's count is repeated with its cause further down."""
+    if "cause:" not in lines:
+        return lines
+    cause = lines.index("cause:")
+    counts = [i for i in range(cause) if lines[i].startswith("  ")]
+    if len(counts) <= COUNTS_KEPT:
+        return lines
+    cut = counts[COUNTS_KEPT:]
+    note = f"  ... {len(cut):,} more differing fields (each comparison's count follows its cause below)"
+    return [*lines[:cut[0]], note, *(line for i, line in enumerate(lines) if i > cut[0] and i not in set(cut))]
 
 
 def short_report(item: pytest.Item, call: pytest.CallInfo[Any], report: pytest.TestReport) -> None:
