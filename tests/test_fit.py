@@ -374,7 +374,8 @@ def _zero_sign_cases():
 
 
 def _conventions(*pairs):
-    from mxcheck.diagnose.catalogue import CONVENTIONS, Profile
+    from mxcheck.diagnose.catalogue import CONVENTIONS
+    from mxcheck.profiles import Profile
 
     return tuple(next(c for c in CONVENTIONS if c.kind is Profile and (c.field, c.value) == p) for p in pairs)
 

@@ -25,6 +25,7 @@ renders; the test suite runs ``QUICK`` on the input families that show each bug.
 
 from __future__ import annotations
 
+import inspect
 import re
 import time
 from collections.abc import Callable, Iterable
@@ -37,9 +38,11 @@ from mxcheck.assertions import NumericsError
 from mxcheck.backends.known_bad import KNOWN_BAD, _ProfileBug
 from mxcheck.conformance import CHECKS, basic
 from mxcheck.conformance.basic import DEFAULT_INPUT_DTYPES, quantize_inputs
+from mxcheck.conformance.values import attribute_values, values_comparison
 from mxcheck.diagnose import CATALOGUE
 from mxcheck.diagnose import quantize as diagnose_quantize
 from mxcheck.diagnose.behaviour import split_fits
+from mxcheck.diagnose.catalogue import QUANTIZE_BEHAVIOURS
 from mxcheck.recipes import RECIPES
 
 __all__ = ["CASES", "CLASSES", "QUICK", "ClassScore", "LabelledCase", "Outcome", "headline", "run_case",
@@ -89,7 +92,7 @@ def _known(name: str, klass: str, truth: str, recipe: str, check: str = "quantiz
            families: tuple[str, ...] = ()) -> LabelledCase:
     backend = KNOWN_BAD[name]
     return LabelledCase(name, klass, truth, backend, recipe, check, families,
-                        (backend.__doc__ or "").strip().split("\n")[0])
+                        (inspect.getdoc(backend) or "").split("\n")[0])
 
 
 def _seeded(name: str, klass: str, truth: str, recipe: str, scaling: str, fields: dict[str, Any],
@@ -152,6 +155,7 @@ CASES: tuple[LabelledCase, ...] = (
     _known("bad-mx-fp16-subnormal-amax", "exponent", "mx_subnormal_amax_float16", "mxfp8",
            families=("magnitude",)),
     _known("bad-zero-block-byte", "zero-blocks", "mx.zero_scale=85", "mxfp8", families=("zeros",)),
+    _known("bad-fp16-log2-overflow", "exponent", "mx.exponent_source=log2_input", "mxfp8", families=("magnitude",)),
     _known("bad-fp8-rowwise-zero-eps", "zero-blocks", "fp8_eps_floor", "fp8-rowwise", families=("zeros",)),
     # seeded cases: one convention of a released library each
     _seeded("seeded-log2-input", "exponent", "mx.exponent_source=log2_input", "mxfp8", "mx",
@@ -265,7 +269,14 @@ def _quantize_diffs(case: LabelledCase, quick: bool) -> tuple[list[Any], bool]:
     for family, name, label, t in quantize_inputs(recipe, torch.Generator().manual_seed(0), accepted, "cpu"):
         if quick and case.families and family not in case.families:
             continue  # the generator still drew it: the inputs kept are the check's own
-        basic._quantize_one(backend, recipe, name, t, label, None, differing, verdicts)
+        if hasattr(backend, "quantize"):
+            basic._quantize_one(backend, recipe, name, t, label, None, differing, verdicts)
+        else:  # a values backend: its values judged and attributed as check_fake_quantize does
+            d = values_comparison(backend, recipe, name, t, label)
+            if d is not None:
+                attribute_values(d, QUANTIZE_BEHAVIOURS)
+                differing.append(d)
+                verdicts += [d.verdict] if d.verdict is not None and not d.verdict.passed else []
     return differing, bool(verdicts)
 
 

@@ -301,6 +301,24 @@ def _outcome(got: torch.Tensor, differ: torch.Tensor | None, want: torch.Tensor,
     return check_bitwise(judged, want, None, context)
 
 
+def values_comparison(backend: Any, recipe: Recipe, name: str, t: torch.Tensor, text: str) -> ValuesDiff | None:
+    """The backend's values of operand ``name`` on input ``t`` against the oracle's, on the
+    CPU, with the tensor-level verdict; None where every value agrees (or the values are
+    not the input's shape, which check_fake_quantize reports)."""
+    spec = recipe.spec(name)
+    ours = quantize_operand(t, spec, **fresh_state(recipe, name))
+    got = backend.fake_quantize(t, spec, **fresh_state(recipe, name))
+    if values_problem(got, t):
+        return None
+    want = oracle_values(ours, got.dtype)
+    differ = ~values_agree(got, ours, want)
+    if not bool(differ.any()):
+        return None
+    d = ValuesDiff(name, text, spec, t.detach().cpu(), quantized_on_cpu(ours), want.cpu(), got.detach().cpu(), differ)
+    d.verdict = values_verdict(d.x, spec, d.oracle, d.got, operand=name)
+    return d
+
+
 def check_fake_quantize(backend: Any, recipe: Recipe, numerics: Any = None, *,
                         inputs: Iterable[tuple[str, str, str, torch.Tensor]]) -> str | None:
     """The backend's ``fake_quantize`` of x_row and w_row agrees with the oracle's values

@@ -360,8 +360,8 @@ def test_a_known_behaviour_is_not_reported_and_the_search_finds_the_other_bug():
 
 def test_a_named_known_behaviour_that_does_not_exist_is_a_usage_error(capsys):
     code, _, err = run_cli(capsys, "search", "--backend", "emulated", "--recipe", "mxfp8", "--known",
-                           "mx.zero_scale=12")
-    assert code == 2 and "'mx.zero_scale=12' is not a quantize behaviour" in err and "mx.zero_scale=127" in err, err
+                           "mx.zero_scale=1270")
+    assert code == 2 and "'mx.zero_scale=1270' is not a quantize behaviour" in err and "mx.zero_scale=127" in err, err
 
 
 def test_the_search_help_states_the_time_once(capsys):
