@@ -30,10 +30,14 @@ from typing import Any
 
 import torch
 
-from mxcheck.backends.contract import Refusal, version_problem
-from mxcheck.backends.library_configs import LibraryConfig, find_config
+from mxcheck.backends.library_configs import (
+    LibraryConfig,
+    find_config,
+    library_available,
+    supports_every_copy,
+)
 from mxcheck.backends.spec_check import check_operand
-from mxcheck.recipes import OCP_MX_RECIPES, OPERANDS, OperandSpec, Recipe, get_recipe
+from mxcheck.recipes import OCP_MX_RECIPES, OperandSpec, Recipe, get_recipe
 
 __all__ = ["BREVITAS_CHECKED", "BREVITAS_CONFIGS", "BrevitasBackend"]
 
@@ -90,23 +94,11 @@ class BrevitasBackend:
 
     def available(self) -> tuple[bool, str]:
         """Usable where brevitas is installed at a checked release and imports."""
-        if (why := version_problem("brevitas", BREVITAS_CHECKED[0], below=BREVITAS_CHECKED[1])) is not None:
-            return False, why
-        from mxcheck.backends import import_vendor  # noqa: PLC0415  (the registry imports this module)
-
-        if (why := import_vendor("brevitas.nn")) is not None:
-            return False, why
-        return True, ""
+        return library_available("brevitas", BREVITAS_CHECKED, "brevitas.nn")
 
     def supports(self, recipe: Recipe | str) -> tuple[bool, str]:
         """Recipes whose six operand copies brevitas' quantizers all compute."""
-        r = get_recipe(recipe)
-        try:
-            for operand in OPERANDS:
-                find_config("brevitas", BREVITAS_CONFIGS, r.spec(operand))
-        except Refusal as e:
-            return False, f"brevitas: recipe {r.name}: {e}"
-        return True, ""
+        return supports_every_copy("brevitas", "brevitas", BREVITAS_CONFIGS, recipe)
 
     def fake_quantize(self, x: torch.Tensor, spec: OperandSpec, *, state: object = None) -> torch.Tensor:
         """brevitas' fake-quantized values of the 2D operand x [rows, K], in x's dtype."""

@@ -27,8 +27,13 @@ from typing import Any
 
 import torch
 
-from mxcheck.backends.contract import Refusal, version_problem
-from mxcheck.backends.library_configs import LibraryConfig, find_config
+from mxcheck.backends.contract import Refusal
+from mxcheck.backends.library_configs import (
+    LibraryConfig,
+    find_config,
+    library_available,
+    supports_every_copy,
+)
 from mxcheck.formats import get_format
 from mxcheck.packing import pack_fp4, unpack_fp4
 from mxcheck.recipes import OPERANDS, OperandSpec, Recipe, get_recipe
@@ -68,22 +73,11 @@ class CompressedTensorsBackend:
     input_dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
 
     def available(self) -> tuple[bool, str]:
-        if (why := version_problem("compressed-tensors", CHECKED[0][2:], below=CHECKED[1][1:])) is not None:
-            return False, why
-        from mxcheck.backends import import_vendor  # noqa: PLC0415
-
-        if (why := import_vendor("compressed_tensors.quantization")) is not None:
-            return False, why
-        return True, ""
+        return library_available("compressed-tensors", (CHECKED[0][2:], CHECKED[1][1:]),
+                                 "compressed_tensors.quantization")
 
     def supports(self, recipe: Recipe | str) -> tuple[bool, str]:
-        r = get_recipe(recipe)
-        try:
-            for op in OPERANDS:
-                find_config("compressed-tensors", CT_CONFIGS, r.spec(op))
-        except Refusal as e:
-            return False, f"compressed_tensors: recipe {r.name}: {e}"
-        return True, ""
+        return supports_every_copy("compressed_tensors", "compressed-tensors", CT_CONFIGS, recipe)
 
     @staticmethod
     def _preset(spec: OperandSpec) -> Any:

@@ -11,12 +11,13 @@ naming the nearest one and the first field it does not compute. The adapters
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from mxcheck.backends.contract import Refusal
-from mxcheck.recipes import OperandSpec, Recipe
+from mxcheck.backends.contract import Refusal, version_problem
+from mxcheck.recipes import OPERANDS, OperandSpec, Recipe, get_recipe
 
-__all__ = ["LibraryConfig", "find_config"]
+__all__ = ["LibraryConfig", "find_config", "library_available", "supports_every_copy"]
 
 # Fields a library configuration states; ``profile`` pins the oracle, it is not a thing the
 # library is asked to compute.
@@ -52,3 +53,31 @@ def find_config(library: str, configs: tuple[LibraryConfig, ...], spec: OperandS
         return nearest
     raise Refusal(f"{library} has no configuration for this spec; the nearest, {nearest.name} "
                   f"({nearest.spec.describe()}), differs in {', '.join(diff)}")
+
+
+def supports_every_copy(backend: str, library: str, configs: tuple[LibraryConfig, ...],
+                        recipe: Recipe | str) -> tuple[bool, str]:
+    """(True, "") where one of ``configs`` computes each of the recipe's six operand copies;
+    else (False, why), naming the first copy's nearest configuration (``find_config``)."""
+    r = get_recipe(recipe)
+    try:
+        for operand in OPERANDS:
+            find_config(library, configs, r.spec(operand))
+    except Refusal as e:
+        return False, f"{backend}: recipe {r.name}: {e}"
+    return True, ""
+
+
+def library_available(distribution: str, checked: tuple[str, str], module: str,
+                      before_import: Callable[[], None] | None = None) -> tuple[bool, str]:
+    """(True, "") where ``distribution`` is installed at a release in ``checked`` (lowest,
+    first one above) and ``module`` imports; else (False, why)."""
+    if (why := version_problem(distribution, checked[0], below=checked[1])) is not None:
+        return False, why
+    from mxcheck.backends import import_vendor  # noqa: PLC0415  (the registry imports the adapters)
+
+    if before_import is not None:
+        before_import()
+    if (why := import_vendor(module)) is not None:
+        return False, why
+    return True, ""

@@ -34,8 +34,13 @@ from typing import Any
 
 import torch
 
-from mxcheck.backends.contract import Refusal, version_problem
-from mxcheck.backends.library_configs import LibraryConfig, find_config
+from mxcheck.backends.contract import Refusal
+from mxcheck.backends.library_configs import (
+    LibraryConfig,
+    find_config,
+    library_available,
+    supports_every_copy,
+)
 from mxcheck.formats import get_format
 from mxcheck.packing import pack_fp4, unpack_fp4
 from mxcheck.recipes import OPERANDS, OperandSpec, Recipe, get_recipe
@@ -88,22 +93,10 @@ class ModelOptBackend:
     input_dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
 
     def available(self) -> tuple[bool, str]:
-        if (why := version_problem("nvidia-modelopt", CHECKED[0][2:], below=CHECKED[1][1:])) is not None:
-            return False, why
-        from mxcheck.backends import import_vendor  # noqa: PLC0415
-
-        if (why := import_vendor(_QTENSOR)) is not None:
-            return False, why
-        return True, ""
+        return library_available("nvidia-modelopt", (CHECKED[0][2:], CHECKED[1][1:]), _QTENSOR)
 
     def supports(self, recipe: Recipe | str) -> tuple[bool, str]:
-        r = get_recipe(recipe)
-        try:
-            for op in OPERANDS:
-                find_config("modelopt", MODELOPT_CONFIGS, r.spec(op))
-        except Refusal as e:
-            return False, f"modelopt: recipe {r.name}: {e}"
-        return True, ""
+        return supports_every_copy("modelopt", "modelopt", MODELOPT_CONFIGS, recipe)
 
     def _config(self, x: Any, spec: OperandSpec) -> LibraryConfig:
         if not isinstance(x, torch.Tensor) or x.dim() != 2:

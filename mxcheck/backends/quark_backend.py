@@ -36,8 +36,13 @@ from typing import Any
 
 import torch
 
-from mxcheck.backends.contract import Refusal, version_problem
-from mxcheck.backends.library_configs import LibraryConfig, find_config
+from mxcheck.backends.contract import Refusal
+from mxcheck.backends.library_configs import (
+    LibraryConfig,
+    find_config,
+    library_available,
+    supports_every_copy,
+)
 from mxcheck.backends.spec_check import check_operand
 from mxcheck.recipes import OCP_MX_RECIPES, OPERANDS, OperandSpec, Recipe, get_recipe
 
@@ -124,24 +129,11 @@ class QuarkBackend:
         """Usable where amd-quark is installed at a checked release and ``quark.torch`` imports
         (it JIT-builds its C++ ops with the host compiler on first import, and needs
         ``transformers``)."""
-        if (why := version_problem("amd-quark", QUARK_CHECKED[0], below=QUARK_CHECKED[1])) is not None:
-            return False, why
-        from mxcheck.backends import import_vendor  # noqa: PLC0415  (the registry imports this module)
-
-        _eager()
-        if (why := import_vendor("quark.torch")) is not None:
-            return False, why
-        return True, ""
+        return library_available("amd-quark", QUARK_CHECKED, "quark.torch", before_import=_eager)
 
     def supports(self, recipe: Recipe | str) -> tuple[bool, str]:
         """Recipes whose six operand copies Quark's fake-quantizers all compute."""
-        r = get_recipe(recipe)
-        try:
-            for operand in OPERANDS:
-                find_config("quark", QUARK_CONFIGS, r.spec(operand))
-        except Refusal as e:
-            return False, f"quark: recipe {r.name}: {e}"
-        return True, ""
+        return supports_every_copy("quark", "quark", QUARK_CONFIGS, recipe)
 
     def fake_quantize(self, x: torch.Tensor, spec: OperandSpec, *, state: object = None) -> torch.Tensor:
         """Quark's fake-quantized values of the 2D operand x [rows, K], in x's dtype."""
