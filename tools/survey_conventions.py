@@ -101,12 +101,14 @@ LIBRARIES: dict[str, Library] = {lib.name: lib for lib in (
     # fake-quant only (values, no codes): `mxcheck fit` takes a quantizer that returns codes, so
     # these two are judged by the conformance check on values (-k quantize runs check_quantize,
     # which judges fake_quantize where a backend has no quantize)
-    Library("brevitas", "brevitas", ("brevitas",), (),
+    Library("brevitas", "brevitas", ("brevitas",),
+            ("ocp-mxfp8-e4m3", "ocp-mxfp8-e5m2", "ocp-mxfp6-e2m3", "ocp-mxfp4", "fp8-tensorwise"),
             conform=("ocp-mxfp8-e4m3", "ocp-mxfp8-e5m2", "ocp-mxfp6-e2m3", "ocp-mxfp4", "fp8-tensorwise"),
             checks="quantize",
             notes="QuantIdentity(act_quant=MXFloat8e4m3Act.let(widths), group_dim=-1) and QuantLinear with "
                   "Fp8e4m3OCPWeightPerTensorFloat: the values of the QuantTensor they return"),
-    Library("quark", "quark", ("amd-quark",), (),
+    Library("quark", "quark", ("amd-quark",),
+            ("mx:e4m3:even", "ocp-mxfp8-e4m3", "ocp-mxfp4", "fp8-tensorwise", "nvfp4-1x16"),
             conform=("mx:e4m3:even", "ocp-mxfp8-e4m3", "mxfp4-1x32", "ocp-mxfp4", "fp8-tensorwise", "nvfp4-1x16"),
             checks="quantize",
             notes="FakeQuantizeBase.get_fake_quantize of its OCP_MX*Spec (scale_calculation_mode even, Quark's "
