@@ -204,20 +204,25 @@ def _same_values(got: torch.Tensor, want: torch.Tensor) -> bool:
                                              | (got.isnan() & want.isnan())).all())
 
 
+def _where_fake_and_library_differ(monkeypatch, adapter, fake, recipe, inputs) -> list[str]:
+    """The input labels where the adapter's values over the installed library differ from its
+    values over the fake (installed for the second pass only)."""
+    _clear_caches()
+    real = [adapter().fake_quantize(t, recipe.spec(name)) for _, name, _, t in inputs]
+    with monkeypatch.context() as m:
+        fake.install(m)
+        _clear_caches()
+        faked = [adapter().fake_quantize(t, recipe.spec(name)) for _, name, _, t in inputs]
+    _clear_caches()
+    return [label for (_, _, label, _), a, b in zip(inputs, real, faked, strict=True) if not _same_values(a, b)]
+
+
 @pytest.mark.skipif(not _released("brevitas"), reason="brevitas not installed (the survey's tox env installs it)")
 @pytest.mark.parametrize("recipe", [*OCP_WIDTHS, "fp8-tensorwise"])
 def test_the_brevitas_fake_gives_the_released_librarys_values(monkeypatch, recipe):
     r = get_recipe(recipe)
     inputs = list(basic.quantize_inputs(r, torch.Generator(), bb.BrevitasBackend.input_dtypes, "cpu"))
-    _clear_caches()
-    real = [bb.BrevitasBackend().fake_quantize(t, r.spec(name)) for _, name, _, t in inputs]
-    with monkeypatch.context() as m:
-        fake_brevitas.install(m)
-        _clear_caches()
-        fake = [bb.BrevitasBackend().fake_quantize(t, r.spec(name)) for _, name, _, t in inputs]
-    _clear_caches()
-    differ = [label for (_, _, label, _), a, b in zip(inputs, real, fake, strict=True) if not _same_values(a, b)]
-    assert differ == []
+    assert _where_fake_and_library_differ(monkeypatch, bb.BrevitasBackend, fake_brevitas, r, inputs) == []
 
 
 # What the Quark fake is held to, measured against 0.13 on every float32 family: MX "even"
@@ -233,12 +238,4 @@ def test_the_quark_fake_gives_the_released_librarys_values(monkeypatch, recipe, 
     r = (Recipe(recipe, **dict.fromkeys(OPERANDS, OperandSpec("e4m3", "mx", scale_rule="even")))
          if recipe.startswith("mx:") else get_recipe(recipe))
     inputs = [i for i in basic.quantize_inputs(r, torch.Generator(), (torch.float32,), "cpu") if i[0] not in not_modelled]
-    _clear_caches()
-    real = [qb.QuarkBackend().fake_quantize(t, r.spec(name)) for _, name, _, t in inputs]
-    with monkeypatch.context() as m:
-        fake_quark.install(m)
-        _clear_caches()
-        fake = [qb.QuarkBackend().fake_quantize(t, r.spec(name)) for _, name, _, t in inputs]
-    _clear_caches()
-    differ = [label for (_, _, label, _), a, b in zip(inputs, real, fake, strict=True) if not _same_values(a, b)]
-    assert differ == []
+    assert _where_fake_and_library_differ(monkeypatch, qb.QuarkBackend, fake_quark, r, inputs) == []

@@ -63,8 +63,9 @@ def _counts_elided(lines: list[str]) -> list[str]:
     if len(counts) <= COUNTS_KEPT:
         return lines
     cut = counts[COUNTS_KEPT:]
+    dropped = set(cut)
     note = f"  ... {len(cut):,} more differing fields (each comparison's count follows its cause below)"
-    return [*lines[:cut[0]], note, *(line for i, line in enumerate(lines) if i > cut[0] and i not in set(cut))]
+    return [*lines[:cut[0]], note, *(line for i, line in enumerate(lines) if i > cut[0] and i not in dropped)]
 
 
 def short_report(item: pytest.Item, call: pytest.CallInfo[Any], report: pytest.TestReport) -> None:
