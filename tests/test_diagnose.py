@@ -16,6 +16,7 @@ from mxcheck.backends.known_bad import KNOWN_BAD
 from mxcheck.conformance import CHECKS
 from mxcheck.diagnose import CATALOGUE, NOT_BLOCK_BEHAVIOURS, compare_quantized, diagnose
 from mxcheck.diagnose import quantize as diagnose_quantize
+from mxcheck.diagnose.catalogue import QUANTIZE_BEHAVIOURS
 from mxcheck.divergence import DIVERGENCE_TABLE
 from mxcheck.gemm import quantize_operand
 from mxcheck.profiles import ALL_PROFILES
@@ -171,3 +172,34 @@ def test_a_padded_blocks_amax_is_its_inputs_not_nan():
     x = torch.linspace(-3, 3, 96).reshape(1, 96)
     line = _block_line(x, RECIPES["mxfp4"].x_row, lambda q: replace(q, codes=q.codes ^ 1))
     assert line.endswith("input amax 0x40400000 (3.0)"), line  # |x[0, 0]| = 3.0, the first block's largest
+
+
+def test_the_summary_names_the_combination_every_member_of_which_some_input_needs():
+    """bad-three-conventions (even rule, -0 lost, Inf byte 254) on an rceil recipe: a
+    comparison without Inf needs two of its conventions, one with Inf all three (rceil's own
+    Inf byte is 254 too, but the even rule's arithmetic is not). The check names the three,
+    exact in every comparison, and not the pair that is a part of it."""
+    backend, recipe = KNOWN_BAD["bad-three-conventions"](), RECIPES["mxfp8"]
+    spec = recipe.x_row
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 64, generator=gen).clamp(-1.5, 1.5)
+    # block amaxes where the rules part: rceil takes 1.8 / 448 up to 2^-7, even rounds 1.8 to
+    # 1.75 and floors (2^-8, as floor); 1.95 even rounds to 2 (2^-7, as rceil), floor 2^-8
+    x[::2, ::32], x[1::2, ::32] = 1.8, 1.95
+    x[3, :32] = -0.0  # a -0 block: the zero sign shows
+    with_inf = x.clone()
+    with_inf[2, 5] = float("inf")
+    diffs = []
+    for t in (x, with_inf):
+        d = compare_quantized(t, spec, quantize_operand(t, spec), backend.quantize(t, spec))
+        diffs.append(diagnose_quantize.attribute(d, QUANTIZE_BEHAVIOURS))
+    three = {"mx.scale_rule=even", "mx.inf_amax_byte=254", "mx.zero_sign=never"}
+    parts = {diagnose_quantize.members(a.behaviour) for a in diffs[0].attributions
+             if a.reproduced == diffs[0].n_examined and not a.also_changes}
+    assert parts and all(p < three for p in parts), parts  # without Inf: fewer than the three
+    head = diagnose_quantize.summary(diffs)[0]
+    total = sum(d.n_examined for d in diffs)
+    assert head.startswith(f"{total:,} of the {total:,} differing blocks examined are reproduced by: ") and \
+        head.endswith("(in 2 of 2 comparisons)"), head
+    ranked, _ = diagnose_quantize.ranked_causes(diffs)
+    assert [set(diagnose_quantize.members(b)) for b, _, _ in ranked] == [three], ranked

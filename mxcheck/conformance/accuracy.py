@@ -41,7 +41,6 @@ from mxcheck.conformance.basic import DEFAULT_INPUT_DTYPES, quantize_inputs
 from mxcheck.conformance.values import attribute_values, values_comparison
 from mxcheck.diagnose import CATALOGUE
 from mxcheck.diagnose import quantize as diagnose_quantize
-from mxcheck.diagnose.behaviour import split_fits
 from mxcheck.diagnose.catalogue import QUANTIZE_BEHAVIOURS
 from mxcheck.recipes import RECIPES
 
@@ -188,19 +187,13 @@ def headline(diffs: list[Any]) -> tuple[str, ...]:
     relations (their names, ``FIELD: KIND``) where they state more differing blocks than any
     behaviour reproduces; else the behaviours exact in every comparison where they fit, weaker
     in none, with the most blocks reproduced (ties all)."""
-    totals: dict[str, int] = {}
-    weaker: set[str] = set()
-    for d in diffs:
-        exact, weak = split_fits(d.attributions, d.n_examined)
-        weaker |= {a.behaviour.key for a in weak}
-        for a in exact:
-            totals[a.behaviour.key] = totals.get(a.behaviour.key, 0) + a.reproduced
-    totals = {k: v for k, v in totals.items() if k not in weaker}
-    top = max(totals.values(), default=0)
+    diagnose_quantize.reconcile(diffs)
+    ranked, _ = diagnose_quantize.ranked_causes(diffs)
+    top = ranked[0][1] if ranked else 0
     relations, stated = diagnose_quantize.relation_summary(diffs)
     if relations and stated > top:
         return tuple(r.name for r in relations[:diagnose_quantize.RELATIONS_SHOWN])
-    return tuple(sorted(k for k, v in totals.items() if v == top and v > 0))
+    return tuple(sorted(b.key for b, n, _ in ranked if n == top and n > 0))
 
 
 def is_relation(name: str) -> bool:

@@ -159,6 +159,11 @@ class ValuesDiff:
     def unit(self) -> str:
         return "blocks" if self.spec.scaling in ("mx", "nvfp4", "block1x128", "block128x128") else "rows"
 
+    def count(self, b: Behaviour) -> None:
+        """Run one behaviour on every row and record it as ``attribute_values`` does
+        (``diagnose.quantize.reconcile`` asks for a combination named in another comparison)."""
+        _record_fit(self, b, _Rows.of(self.x, self.oracle, self.got, self.differ, self.spec))
+
 
 def _per_block(mask: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
     n = int(blocks.max()) + 1
@@ -243,15 +248,23 @@ def attribute_values(d: ValuesDiff, behaviours: tuple[Behaviour, ...], first: tu
             fits = screen.fit(b, d.spec)
             if fits is None or not bool(fits[0].any()):
                 continue
-        fits = full.fit(b, d.spec)
-        if fits is None:
-            continue
-        reproduced, changed = fits
-        if not bool(reproduced.any()) or changed >= int(reproduced.sum()):
-            continue
-        explained |= reproduced
-        d.attributions.append(Attribution(b, int(reproduced.sum()), int(full.bad.sum()), d.unit, changed))
+        reproduced = _record_fit(d, b, full)
+        if reproduced is not None:
+            explained |= reproduced
     d.unexplained = int((full.bad & ~explained).sum())
+
+
+def _record_fit(d: ValuesDiff, b: Behaviour, rows: _Rows) -> torch.Tensor | None:
+    """Record b on d where it reproduces some differing blocks of ``rows`` and changes fewer
+    right ones than it reproduces; the blocks it reproduces, or None."""
+    fits = rows.fit(b, d.spec)
+    if fits is None:
+        return None
+    reproduced, changed = fits
+    if not bool(reproduced.any()) or changed >= int(reproduced.sum()):
+        return None
+    d.attributions.append(Attribution(b, int(reproduced.sum()), int(rows.bad.sum()), d.unit, changed))
+    return reproduced
 
 
 def _hex(v: torch.Tensor) -> str:

@@ -75,9 +75,12 @@ class TensorVerdict:
 
     @property
     def passed(self) -> bool:
-        """Fails only where the oracle keeps signal (an SNR) and the kernel falls more than
-        LOST_MARGIN_DB under it; an input with nothing to keep (all zero) always passes."""
-        if math.isnan(self.oracle_db) or self.compared == 0:
+        """Fails only where the oracle keeps signal (an SNR above LOST_DB) and the kernel falls
+        more than LOST_MARGIN_DB under it. An input with nothing to keep (all zero) passes, and
+        so does one the oracle loses too (a tensorwise FP8 scale from an Inf amax: every value
+        0): the verdict says a kernel loses what the recipe keeps; the bitwise comparison
+        still judges its bits."""
+        if math.isnan(self.oracle_db) or self.compared == 0 or self.oracle_db <= LOST_DB:
             return True
         return not (math.isnan(self.kernel_db) or self.kernel_db < self.threshold_db)
 

@@ -45,7 +45,8 @@ from mxcheck.recipes import OperandSpec
 from mxcheck.scaling.rules import E8M0_NAN
 
 __all__ = ["QUANTIZE_FIELDS", "FieldCount", "QuantizeDiff", "attribute", "cause_lines", "compare_quantized",
-           "compared_fields", "diagnose", "field_problem", "nan_scale_blocks", "relations_head", "report", "summary"]
+           "compared_fields", "count_behaviour", "diagnose", "field_problem", "members", "nan_scale_blocks", "ranked_causes",
+           "reconcile", "relations_head", "report", "summary"]
 
 # The fields of the contract (mxcheck.backends.contract.QuantizeBackend), scales first: a
 # wrong scale explains the codes after it. ``amax`` and FP8's ``scale`` are left out: the
@@ -508,29 +509,97 @@ def relation_summary(diffs: list[QuantizeDiff]) -> tuple[list[Relation], int]:
 RELATIONS_SHOWN = 3
 
 
-def summary(diffs: list[QuantizeDiff]) -> list[str]:
-    """Each behaviour over the comparisons where it heads the text (an exact fit there:
-    ``split_fits``): how many of the differing blocks examined there it reproduces, in how
-    many comparisons. A behaviour that is a weaker fit in any comparison it touches is named
-    only on a last line, as weaker: it heads nothing, here as in that comparison's text (one
-    exact on a few small inputs and weaker on the rest is not the cause the rest shows).
-    Field relations (``relation_summary``) head the summary where they state more blocks
-    than the best behaviour reproduces; behaviours that reproduce fewer are then weaker."""
+def members(b: Behaviour) -> frozenset[str]:
+    """The catalogue behaviours a behaviour combines (``catalogue.combined`` joins their keys
+    with " & "); one behaviour is its own single member."""
+    return frozenset(b.key.split(" & "))
+
+
+def reconcile(diffs: list[Any]) -> None:
+    """The fewest conventions over the whole check. Each comparison names the fewest
+    conventions its own blocks need, so a member whose blocks are only in other inputs (an Inf
+    byte, on inputs without Inf) is dropped there. A combination exact in one comparison is
+    run on every comparison of the same spec whose exact fits are parts of it, and kept there
+    where it is exact too: the summary can then name the one combination every member of
+    which is needed somewhere, for all of them."""
+    for d in diffs:
+        for a in list(d.attributions):
+            combo = members(a.behaviour)
+            if len(combo) < 2 or not _is_exact(a, d):
+                continue
+            for other in diffs:
+                if other is d or other.spec != d.spec or \
+                        any(b.behaviour.key == a.behaviour.key for b in other.attributions):
+                    continue
+                parts = [b for b in split_fits(other.attributions, other.n_examined)[0] if members(b.behaviour) < combo]
+                if parts:
+                    _add_if_exact(other, a.behaviour, max(b.reproduced for b in parts))
+
+
+def _is_exact(a: Attribution, d: Any) -> bool:
+    return not a.also_changes and a in split_fits(d.attributions, d.n_examined)[0]
+
+
+def _add_if_exact(d: Any, b: Behaviour, at_least: int) -> None:
+    """Count b on d (``count_behaviour``) and keep it only where it is exact there and
+    reproduces at least ``at_least`` blocks."""
+    kept = list(d.attributions), (None if d.explained is None else d.explained.clone())
+    count_behaviour(d, b)
+    added = [a for a in d.attributions if a.behaviour.key == b.key]
+    if not added or not _is_exact(added[0], d) or added[0].reproduced < at_least:
+        d.attributions = kept[0]
+        if kept[1] is not None:
+            d.explained = kept[1]
+
+
+def count_behaviour(d: Any, b: Behaviour) -> None:
+    """Run one behaviour on a comparison as its attribution did and record it where it fits: a
+    codes comparison on the rows attribution counts on, a values comparison by its own
+    ``count`` (``conformance.values.ValuesDiff``)."""
+    if not isinstance(d, QuantizeDiff):
+        d.count(b)
+        return
+    _count(d, b, _rows(d, _differing_rows(d, d.differing, ATTRIBUTION_ROWS)))
+    d.unexplained = int((d.differing & d.examined & ~d.explained).sum())
+
+
+def ranked_causes(diffs: list[Any]) -> tuple[list[tuple[Behaviour, int, int]], dict[str, Behaviour]]:
+    """(behaviour, blocks reproduced, comparisons) for each behaviour exact in every comparison
+    it touches, most blocks first; and the behaviours that are a weaker fit in some comparison.
+    A behaviour that is a part of a combination (``members``) exact in every comparison where
+    it is, is left out: the combination is the check's fewest conventions (``reconcile``)."""
     totals: dict[str, list[Any]] = {}
     weaker: dict[str, Behaviour] = {}
-    for d in diffs:
+    for i, d in enumerate(diffs):
         exact, weak = split_fits(d.attributions, d.n_examined)
         for a in weak:
             weaker.setdefault(a.behaviour.key, a.behaviour)
         for a in exact:
-            t = totals.setdefault(a.behaviour.key, [a.behaviour, 0, 0])
+            t = totals.setdefault(a.behaviour.key, [a.behaviour, 0, set()])
             t[1] += a.reproduced
-            t[2] += 1
+            t[2].add(i)
     for key in [k for k in totals if k in weaker]:  # exact somewhere, weaker elsewhere
         del totals[key]
+    parts = [k for k, (b, _, where) in totals.items()
+             if any(members(b) < members(c) and where <= w for c, _, w in totals.values())]
+    ranked = sorted(((b, n, len(w)) for k, (b, n, w) in totals.items() if k not in parts),
+                    key=lambda t: (-t[1], t[0].key))
+    return ranked, weaker
+
+
+def summary(diffs: list[QuantizeDiff]) -> list[str]:
+    """Each behaviour over the comparisons where it heads the text (an exact fit there:
+    ``split_fits``): how many of the differing blocks examined there it reproduces, in how
+    many comparisons (``ranked_causes``, after ``reconcile``). A behaviour that is a weaker fit
+    in any comparison it touches is named only on a last line, as weaker: it heads nothing,
+    here as in that comparison's text (one exact on a few small inputs and weaker on the rest
+    is not the cause the rest shows). Field relations (``relation_summary``) head the summary
+    where they state more blocks than the best behaviour reproduces; behaviours that
+    reproduce fewer are then weaker."""
+    reconcile(diffs)
+    ranked, weaker = ranked_causes(diffs)
     examined = sum(d.n_examined for d in diffs)
     unexplained = sum(d.unexplained for d in diffs)
-    ranked = sorted(totals.values(), key=lambda t: (-t[1], t[0].key))
     relations, stated = relation_summary(diffs)
     lines = []
     if relations and stated > (ranked[0][1] if ranked else 0):

@@ -13,7 +13,7 @@ from mxcheck.assertions import NumericsError
 from mxcheck.backends.known_bad import KNOWN_BAD
 from mxcheck.conformance import basic
 from mxcheck.conformance.inputs import FAMILIES, families_table, magnitude_tensor, sweep_amaxes
-from mxcheck.conformance.verdict import LOST_MARGIN_DB, tensor_verdict
+from mxcheck.conformance.verdict import LOST_MARGIN_DB, TensorVerdict, tensor_verdict
 from mxcheck.gemm import quantize_operand
 from mxcheck.recipes import RECIPES
 from mxcheck.report.html import render_html
@@ -73,6 +73,18 @@ def test_an_all_zero_input_has_nothing_to_lose():
     ours = quantize_operand(x, NVFP4)
     v = tensor_verdict(x, NVFP4, ours, replace(ours, block_scales=ours.block_scales + 1), operand="x_row")
     assert math.isnan(v.oracle_db) and v.passed
+
+
+def test_an_input_the_oracle_loses_too_is_not_the_kernels_loss():
+    """Where the oracle's own values keep nothing (every finite value 0: 0 dB against truth,
+    as a tensorwise scale from an Inf amax gives), a kernel returning NaN there differs in
+    its bits, which the bitwise comparison judges, but loses nothing the recipe keeps; the
+    same NaN kernel beside an oracle that keeps 20 dB loses the tensor."""
+    both_lose = TensorVerdict("x_row", torch.float32, 4.6, kernel_db=-math.inf, oracle_db=0.0, compared=4096,
+                              zeros=0, nonfinite=4096)
+    assert both_lose.passed, both_lose.line()
+    kernel_loses = replace(both_lose, oracle_db=20.4)
+    assert not kernel_loses.passed and "loses the tensor" in kernel_loses.line()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
