@@ -284,7 +284,8 @@ def reread_scales(diffs: list[ValuesDiff]) -> None:
     check found for their spec (the input families run in a fixed order; a family whose
     differing blocks are all 0 at that scale comes before the one that fixes it)."""
     for d in diffs:
-        if d.scales_read is None:
+        if d.scales_read is None or (all(r.field == "scale" for r in d.relations) and bool(
+                d.stated[d.differing].all())):  # every block stated by its scale already
             continue
         mine = [e.known_scales for e in diffs if e.spec == d.spec]
         every = tuple(torch.unique(torch.cat([k[i] for k in mine])) for i in range(2))

@@ -165,10 +165,10 @@ def _plainer(v: torch.Tensor, *, ratio: bool = False) -> torch.Tensor:
     return torch.unique(torch.cat([v, torch.tensor(near, dtype=torch.float64)]).float().double())
 
 
-def _common(v: torch.Tensor) -> torch.Tensor:
-    """The SHARED values of v that occur most often (at least twice)."""
+def _common(v: torch.Tensor, most: int = SHARED) -> torch.Tensor:
+    """The ``most`` values of v that occur most often (at least twice)."""
     values, counts = torch.unique(v, return_counts=True)
-    return values[counts >= 2][counts[counts >= 2].argsort(descending=True, stable=True)][:SHARED]
+    return values[counts >= 2][counts[counts >= 2].argsort(descending=True, stable=True)][:most]
 
 
 def _scale_reading(d: Any, order: torch.Tensor, n: int, s_o: torch.Tensor) -> FieldEntries | None:
@@ -205,12 +205,25 @@ def _codes_reading(d: Any, left: torch.Tensor) -> FieldEntries | None:
 
 
 def shared_scales(found: FieldEntries, known: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """``known`` and the scales, and ratios to the oracle's, that are not powers of two and
-    that several blocks of the ``scale`` reading share: what the next comparison tries."""
-    ratio = found.kernel.double() / found.oracle.double()
-    uneven = torch.frexp(ratio).mantissa.abs() != 0.5
-    return (torch.unique(torch.cat([known[0], _common(found.kernel.double()[uneven])])),
-            torch.unique(torch.cat([known[1], _common(ratio[uneven])])))
+    """``known`` and the fewest scales, and ratios to the oracle's, that are not powers of
+    two and explain the ``scale`` reading's blocks, each at least two (most blocks first, at
+    most SHARED): what the next comparisons try. A ratio 4/3 is carried, not the scale of
+    each binade it gives; a constant 1e-10, not its ratio to each binade's scale."""
+    scale, ratio = found.kernel.double(), found.kernel.double() / found.oracle.double()
+    left = torch.frexp(ratio).mantissa.abs() != 0.5
+    options = [(0, v) for v in _common(scale[left], 2 * SHARED).tolist()]
+    options += [(1, v) for v in _common(ratio[left], 2 * SHARED).tolist()]
+    chosen: tuple[list[float], list[float]] = ([], [])
+    while options and len(chosen[0]) + len(chosen[1]) < SHARED:
+        covers = [left & ((scale, ratio)[which] == v) for which, v in options]
+        best = max(range(len(options)), key=lambda i: int(covers[i].sum()))
+        if int(covers[best].sum()) < 2:
+            break
+        which, v = options.pop(best)
+        chosen[which].append(v)
+        left &= ~covers[best]
+    return tuple(torch.unique(torch.cat([known[i], torch.tensor(chosen[i], dtype=torch.float64)]))
+                 for i in range(2))
 
 
 def relate_values(d: Any) -> tuple[list[Relation], torch.Tensor]:

@@ -42,11 +42,17 @@ __all__ = [
 ]
 
 # Every kind of relation (what the kernel's entry is, given the oracle's), in the order one
-# is preferred where two cover the same blocks: a constant before a rounding, a step or a
-# power of two (the kernel writes that value, whatever the oracle's was). "times 2^K" stands for one kind
+# is preferred where two cover the same blocks: a constant before a step or a power of two
+# (the kernel writes that value, whatever the oracle's was). Readings of a values kernel
+# put every constant first (relate_fields' alternatives): a float32 value flushed to 0 is
+# also "the oracle's rounded to float16", which says less. "times 2^K" stands for one kind
 # per integer K ("times 2^-48"); the constants of a byte field compare decoded values, but
 # "constant 127" is the byte itself (E8M0 2^0, the byte a missing scale falls back to).
 KINDS: dict[str, str] = {
+    "bf16_rne": "the oracle's float rounded to bfloat16, ties to even",
+    "bf16_trunc": "the oracle's float truncated (toward zero) to bfloat16",
+    "fp16_rne": "the oracle's float rounded to float16, ties to even",
+    "fp16_trunc": "the oracle's float truncated (toward zero) to float16",
     "nan": "NaN (for a byte: a NaN code, or a byte outside the format's codes)",
     "inf": "+Inf or -Inf",
     "sign_flipped": "the oracle's with its sign bit flipped",
@@ -56,11 +62,6 @@ KINDS: dict[str, str] = {
     "constant 0.125": "the value 0.125",
     "constant max": "the field's largest finite value",
     "constant -max": "the field's most negative finite value",
-    # after the constants: a value flushed to 0 is also the oracle's rounded to float16
-    "bf16_rne": "the oracle's float rounded to bfloat16, ties to even",
-    "bf16_trunc": "the oracle's float truncated (toward zero) to bfloat16",
-    "fp16_rne": "the oracle's float rounded to float16, ties to even",
-    "fp16_trunc": "the oracle's float truncated (toward zero) to float16",
     "ulp_up": "one step (one ulp, or the next code) above the oracle's in magnitude, same sign",
     "ulp_down": "one step (one ulp, or the next code) below the oracle's in magnitude, same sign",
     "times 2^K": "the oracle's times the power of two 2^K, exactly (K an integer, not 0)",
@@ -330,6 +331,12 @@ _POWERS = 8  # distinct 2^K factors tried in one field (each its own kind)
 PER_FIELD = 3  # relations stated for one field of one comparison, most blocks first
 
 
+def _constant_first(kind: str) -> tuple[int, int]:
+    """_order with every constant ahead of the roundings (the readings of values)."""
+    order, length = _order(kind)
+    return (order - len(KINDS) if kind.startswith("constant ") else order), length
+
+
 def _order(kind: str) -> tuple[int, int]:
     """Where a kind is preferred among those covering the same blocks. A free constant and a
     free ratio rank together, the shorter text first ("times 4/3" before "constant
@@ -519,7 +526,7 @@ def relate_fields(fields: list[FieldEntries], blocks: _Blocks, differing: torch.
     if alternatives:
         pairs = {(f.name, kind): mask for f in fields for kind, mask in covered_by[f.name].items()}
         order = list(by_name)
-        chosen = _greedy(pairs, differing, READINGS, lambda key: (order.index(key[0]), *_order(key[1])))
+        chosen = _greedy(pairs, differing, READINGS, lambda key: (order.index(key[0]), *_constant_first(key[1])))
         stated = torch.zeros(n, dtype=torch.bool)
         for _, mask in chosen:
             stated |= mask
