@@ -104,7 +104,8 @@ def _kind_text(kind: str, fmt: FloatFormat | None) -> str:
         table = decode_table(fmt)
         return f"byte 0x7f ({float(table[127]) if len(table) > 127 else 'not a code'})"
     value = kind.removeprefix("constant ")
-    if kind not in KINDS and not bool(_is_power_of_two(torch.tensor(float(value), dtype=torch.float64))):
+    # the text reads back as the float32 it names (float32_text): test that float32
+    if kind not in KINDS and not bool(_is_power_of_two(torch.tensor(float(value), dtype=torch.float32))):
         return f"{value}, not a power of two"  # a free constant (constant C)
     return value
 

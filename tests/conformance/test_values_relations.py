@@ -17,7 +17,7 @@ from mxcheck.assertions import NumericsError
 from mxcheck.backends.known_bad import KNOWN_BAD
 from mxcheck.conformance import basic
 from mxcheck.conformance.accuracy import CASES, run_case
-from mxcheck.conformance.values import ValuesDiff, oracle_values
+from mxcheck.conformance.values import ValuesDiff, oracle_values, value_blocks
 from mxcheck.conformance.values_relations import relate_values
 from mxcheck.gemm import quantize_operand
 from mxcheck.recipes import RECIPES, get_recipe
@@ -186,3 +186,17 @@ def test_a_scale_found_in_a_later_comparison_restates_an_earlier_one_whose_value
     assert cause.splitlines()[0].startswith("  field relation: scale: the values lie on the e4m3 grid at a block scale "
                                             "of 1e-10, not a power of two in "), cause
     assert "values: 0" not in cause, cause
+
+
+def test_a_constant_scale_that_is_a_subnormal_power_of_two_is_not_called_otherwise():
+    # 2^-135 is a float32 subnormal; its shortest text "2.2959e-41" is no power of two in float64
+    from mxcheck.diagnose.relations import FieldEntries, block_facts, relate_fields
+
+    kernel = torch.full((2,), 2.0**-135, dtype=torch.float32)
+    oracle = torch.full((2,), 2.0**-120, dtype=torch.float32)
+    scale = FieldEntries("scale", kernel, oracle, torch.tensor([0, 1]), free=True)
+    x = torch.ones(2, 32)
+    relations, _ = relate_fields([scale], block_facts(x, value_blocks(x, SPEC), 2), torch.ones(2, dtype=torch.bool),
+                                 alternatives=True)
+    assert relations[0].name == "scale: constant 2.2959e-41"
+    assert relations[0].kind_text == "2.2959e-41"
