@@ -283,14 +283,19 @@ def reread_scales(diffs: list[ValuesDiff]) -> None:
     before a later comparison found a shared non-power-of-two scale, with every scale the
     check found for their spec (the input families run in a fixed order; a family whose
     differing blocks are all 0 at that scale comes before the one that fixes it)."""
+    every: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     for d in diffs:
-        if d.scales_read is None or (all(r.field == "scale" for r in d.relations) and bool(
-                d.stated[d.differing].all())):  # every block stated by its scale already
-            continue
         mine = [e.known_scales for e in diffs if e.spec == d.spec]
-        every = tuple(torch.unique(torch.cat([k[i] for k in mine])) for i in range(2))
-        if any(not bool(torch.isin(every[i], d.scales_read[i]).all()) for i in range(2)):
-            d.known_scales = every
+        every[id(d)] = tuple(torch.unique(torch.cat([k[i] for k in mine])) for i in range(2))
+    for d in diffs:
+        every_scale = every[id(d)]
+        if d.scales_read is None:  # not attributed: the summary reads it later, with every scale
+            d.known_scales = every_scale
+            continue
+        if all(r.field == "scale" for r in d.relations) and bool(d.stated[d.differing].all()):
+            continue  # every block stated by a scale already
+        if any(not bool(torch.isin(every_scale[i], d.scales_read[i]).all()) for i in range(2)):
+            d.known_scales = every_scale
             d.relations, d.stated = d.field_relations()
 
 

@@ -581,10 +581,30 @@ def combine(relations: list[Relation], dtypes: tuple[str, ...] = (),
         key = (r.name, r.condition.kind)
         merged[key] = _merge(merged[key], r) if key in merged else r
     out = []
-    for r in merged.values():
+    for r in _whole(list(merged.values()), totals or {}):
         if set(dtypes) <= set(r.condition.dtypes):
             r = replace(r, condition=replace(r.condition, dtypes=()))
         if totals and (r.field, r.unit) in totals:
             r = replace(r, total=max(r.total, totals[(r.field, r.unit)]))
         out.append(r)
     return sorted(out, key=lambda r: (-r.covered, _order(r.kind), r.name))
+
+
+def _whole(relations: list[Relation], totals: dict[tuple[str, str], int]) -> list[Relation]:
+    """One relation found under several conditions (an amax threshold in one comparison,
+    every block in another) that together covers every unit where its field differs, as one
+    line with that count: it is the whole of what differs, which several lines hide."""
+    names: dict[str, list[Relation]] = {}
+    for r in relations:
+        names.setdefault(r.name, []).append(r)
+    out = []
+    for same in names.values():
+        covered = sum(r.covered for r in same)
+        if len(same) == 1 or covered != totals.get((same[0].field, same[0].unit), -1):
+            out += same
+            continue
+        condition = Condition("", matching=covered, dtypes=tuple(sorted({d for r in same for d in r.condition.dtypes})))
+        out.append(replace(same[0], covered=covered, total=covered, condition=condition,
+                           also=tuple(dict.fromkeys(a for r in same for a in r.also)),
+                           comparisons=sum(r.comparisons for r in same)))
+    return out
