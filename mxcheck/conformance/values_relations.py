@@ -76,7 +76,7 @@ def _requantized(x: torch.Tensor, scale: torch.Tensor, fmt: Any, rounding: str, 
 def _hits(x: torch.Tensor, got: torch.Tensor, candidates: torch.Tensor, fmt: Any, rounding: str) -> torch.Tensor:
     """Per block (rows of x and got) and candidate scale (columns of ``candidates``),
     whether every value of the block is reproduced at that scale. Each candidate is
-    screened on the block's largest value first; only those that pass run on the block."""
+    screened on three of the block's values first; only those that pass run on the block."""
     a = got.double().abs()
     # the largest value and the two smallest nonzero ones: a scale one binade off keeps the
     # first on the grid, but seldom the small ones (the grid is coarser relative to them)
