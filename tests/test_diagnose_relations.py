@@ -183,3 +183,15 @@ def test_a_relation_name_reads_field_colon_kind_from_the_one_list_of_kinds():
     (relation, *_), _ = relate(d)
     assert relation.name == "scales: constant 127" and relation.to_json()["name"] == relation.name
     assert relation.kind in KINDS
+
+
+def test_one_relation_under_several_conditions_that_covers_every_differing_block_is_one_summary_line():
+    from mxcheck.diagnose.relations import Condition, Relation, combine
+
+    below = Relation("scale", "constant 1e-10", 5, 5, "blocks", Condition("amax_below", 1e-9, 3e-8, 5, ("float32",)))
+    every = Relation("scale", "constant 1e-10", 3, 3, "blocks", Condition("every", matching=3, dtypes=("float32",)))
+    (whole,) = combine([below, every], ("float32",), {("scale", "blocks"): 8})
+    assert (whole.covered, whole.total, whole.comparisons) == (8, 8, 2)
+    assert whole.line() == "scale: constant 1e-10 in 8 of the 8 blocks where the field differs; nothing else differs"
+    # where they leave blocks, each keeps its condition
+    assert len(combine([below, every], ("float32",), {("scale", "blocks"): 9})) == 2

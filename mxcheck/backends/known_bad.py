@@ -405,6 +405,56 @@ class Float16Log2Overflow:
         return quantizer.quantize(x, spec, state=state).dequantize().to(x.dtype)
 
 
+class _MXValuesAtScale:
+    """A fake-quant MX kernel (values only, in the input's dtype) that takes the oracle's
+    power-of-two block scale 2^e, changes it with ``scale_of`` (in float32, where the result
+    need not be a power of two), and returns x / s rounded to the element format
+    (saturating) times s; other specs get the oracle's values."""
+
+    name = ""
+
+    def available(self) -> tuple[bool, str]:
+        return True, ""
+
+    def supports(self, recipe: Any) -> tuple[bool, str]:
+        return True, ""
+
+    def scale_of(self, pow2: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def fake_quantize(self, x: torch.Tensor, spec: Any, *, state: Any = None) -> torch.Tensor:
+        q = EmulatedBackend().quantize(x, spec, state=state)
+        if spec.scaling != "mx" or spec.block_2d or spec.hadamard is not None or q.codes.shape != x.shape:
+            return q.dequantize().to(x.dtype)
+        pow2 = torch.exp2(q.scales.to(torch.float32) - 127)
+        s = self.scale_of(pow2).repeat_interleave(spec.block_size, dim=-1)
+        codes = encode_bits(x.float() / s, q.fmt, spec.rounding, True)
+        return (decode_table(q.fmt)[codes.to(torch.int64)] * s).to(x.dtype)
+
+
+class MXScaleFloor1e10(_MXValuesAtScale):
+    """An MX block scale floored at 1e-10 after the power-of-two rule: max(2^e, 1e-10), not
+    a power of two, for every block whose scale falls below it (e4m3: amax below 2^-25),
+    whose small values then round to 0 (a released QAT library's clamp (issue 42; measured,
+    not named))."""
+
+    name = "bad-mx-scale-floor-1e-10"
+
+    def scale_of(self, pow2):
+        return torch.clamp(pow2, min=torch.tensor(1e-10, dtype=torch.float32))
+
+
+class MXScaleOverThreeQuarters(_MXValuesAtScale):
+    """An MX block scale divided by 0.75 (2^e / 0.75 in float32, 4/3 of the power of two):
+    every value lies on the element grid at a scale that is not a power of two (a released
+    QAT library (issue 42; measured, not named))."""
+
+    name = "bad-mx-scale-over-0.75"
+
+    def scale_of(self, pow2):
+        return pow2 / 0.75
+
+
 class FastAccumulation(EmulatedBackend):
     """GEMMs accumulated with 13 mantissa bits between float32 promotions every 128 products
     (Hopper FP8 fast accumulation; torch._scaled_mm on the H200)."""
@@ -630,4 +680,5 @@ KNOWN_BAD: dict[str, type[Any]] = {c.name: c for c in (NibbleSwap, WrongScaleRul
                                                         NVFP4UncappedEncodeFactor, NVFP4Float16Fallback,
                                                         NVFP4SpecialBlockZeroed, MXDivideByUnderflowedPow2,
                                                         MXZeroBlockNaNFloat16, MXSubnormalAmaxFloat16,
-                                                        MXZeroBlockByte85, FP8RowwiseZeroRowEps)}
+                                                        MXZeroBlockByte85, FP8RowwiseZeroRowEps,
+                                                        MXScaleFloor1e10, MXScaleOverThreeQuarters)}

@@ -38,7 +38,13 @@ from mxcheck.assertions import NumericsError
 from mxcheck.backends.known_bad import KNOWN_BAD, _ProfileBug
 from mxcheck.conformance import CHECKS, basic
 from mxcheck.conformance.basic import DEFAULT_INPUT_DTYPES, quantize_inputs
-from mxcheck.conformance.values import attribute_values, values_comparison
+from mxcheck.conformance.values import (
+    ValuesDiff,
+    attribute_values,
+    carried_scales,
+    reread_scales,
+    values_comparison,
+)
 from mxcheck.diagnose import CATALOGUE
 from mxcheck.diagnose import quantize as diagnose_quantize
 from mxcheck.diagnose.catalogue import QUANTIZE_BEHAVIOURS
@@ -156,6 +162,9 @@ CASES: tuple[LabelledCase, ...] = (
     _known("bad-zero-block-byte", "zero-blocks", "mx.zero_scale=85", "mxfp8", families=("zeros",)),
     _known("bad-fp16-log2-overflow", "exponent", "mx.exponent_source=log2_input", "mxfp8", families=("magnitude",)),
     _known("bad-fp8-rowwise-zero-eps", "zero-blocks", "fp8_eps_floor", "fp8-rowwise", families=("zeros",)),
+    # values backends whose truth is a field relation on the block scale their values lie at
+    _known("bad-mx-scale-floor-1e-10", "zero-blocks", "scale: constant 1e-10", "mxfp8", families=("magnitude",)),
+    _known("bad-mx-scale-over-0.75", "scale-rounding", "scale: times 4/3", "mxfp8", families=("magnitude",)),
     # seeded cases: one convention of a released library each
     _seeded("seeded-log2-input", "exponent", "mx.exponent_source=log2_input", "mxfp8", "mx",
             {"exponent_source": "log2_input"}, ("bf16", "amax"), "torchao 0.7-0.9 to_mx on bf16 tensors"),
@@ -267,9 +276,11 @@ def _quantize_diffs(case: LabelledCase, quick: bool) -> tuple[list[Any], bool]:
         else:  # a values backend: its values judged and attributed as check_fake_quantize does
             d = values_comparison(backend, recipe, name, t, label)
             if d is not None:
+                d.known_scales = carried_scales(differing, d.spec)
                 attribute_values(d, QUANTIZE_BEHAVIOURS)
                 differing.append(d)
                 verdicts += [d.verdict] if d.verdict is not None and not d.verdict.passed else []
+    reread_scales([d for d in differing if isinstance(d, ValuesDiff)])
     return differing, bool(verdicts)
 
 

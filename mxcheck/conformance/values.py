@@ -47,18 +47,20 @@ from mxcheck.conformance.values_judge import (
     values_agree,
     values_bits,
 )
+from mxcheck.conformance.values_relations import READINGS, relate_values
 from mxcheck.conformance.verdict import TensorVerdict, lost_lines, values_verdict
 from mxcheck.diagnose import quantize as diagnose_quantize
-from mxcheck.diagnose.behaviour import Attribution, Behaviour, render_attributions
+from mxcheck.diagnose.behaviour import Attribution, Behaviour
 from mxcheck.diagnose.catalogue import QUANTIZE_BEHAVIOURS
 from mxcheck.diagnose.dump import dump_dir, write_dump
+from mxcheck.diagnose.relations import Relation
 from mxcheck.gemm import quantize_operand
 from mxcheck.outcome import Outcome, say
 from mxcheck.recipes import OperandSpec, Recipe
 
-__all__ = ["DEQUANT_ORDERS", "VALUES_ROUNDING", "KernelValues", "ValuesDiff", "attribute_values", "check_fake_quantize",
-           "dequant_spread", "infer_codes", "oracle_values", "quantized_on_cpu", "same_nans", "value_blocks", "values_agree",
-           "values_problem", "values_report"]
+__all__ = ["DEQUANT_ORDERS", "VALUES_ROUNDING", "KernelValues", "ValuesDiff", "attribute_values", "carried_scales",
+           "check_fake_quantize", "dequant_spread", "infer_codes", "oracle_values", "quantized_on_cpu", "reread_scales",
+           "same_nans", "value_blocks", "values_agree", "values_problem", "values_report"]
 
 # How the oracle's float32 values reach a narrower dtype the kernel returns: stated in every
 # failure and in the contract.
@@ -66,6 +68,9 @@ VALUES_ROUNDING = "the oracle's float32 dequantized values cast to the kernel's 
 ORDERS_ACCEPTED = "an NVFP4 value anywhere within the spread of the released float32 dequantization orders"
 EXAMPLES = 4  # differing elements shown per comparison
 ATTRIBUTED = 4  # differing comparisons attribution runs on (and the first of each input family)
+
+_NO_SCALES = torch.zeros(0, dtype=torch.float64)
+
 
 def value_blocks(x: torch.Tensor, spec: OperandSpec) -> torch.Tensor:
     """The block (of the spec's scaling) each element of 2D ``x`` belongs to, as an int64
@@ -110,6 +115,12 @@ class ValuesDiff:
     attributions: list[Attribution] = field(default_factory=list)
     unexplained: int = 0
     verdict: TensorVerdict | None = None
+    relations: list[Relation] = field(default_factory=list)  # where no behaviour reproduces every block
+    stated: torch.Tensor | None = None  # bool per block: a field relation states it
+    # (block scales, ratios to the oracle's) that are not powers of two and that earlier
+    # comparisons of the check found shared by several blocks (values_relations.shared_scales)
+    known_scales: tuple[torch.Tensor, torch.Tensor] = field(default_factory=lambda: (_NO_SCALES, _NO_SCALES))
+    scales_read: tuple[torch.Tensor, torch.Tensor] | None = None  # the known_scales its relations were read with
 
     def __post_init__(self) -> None:
         if self.differ is None:
@@ -143,11 +154,14 @@ class ValuesDiff:
         return {("values",): self.differing}
 
     examined = explained = fit = None  # every differing block is examined; no per-block explanation kept
-    # Field relations (diagnose.relations) are stated on a kernel's fields (codes, scales);
-    # a values comparison has none yet, so the summary's relation step finds nothing here.
-    relations: tuple = ()
-    stated = None
+    problem = ""  # a values comparison is kept only where the values have the input's shape
     counts: tuple = ()
+    readings = READINGS  # the fields its relations read the values as (each differs where values do)
+
+    def field_relations(self) -> tuple[list[Relation], torch.Tensor]:
+        """What differs, stated exactly (``values_relations.relate_values``)."""
+        self.scales_read = self.known_scales
+        return relate_values(self)
 
     @property
     def kernel(self) -> KernelValues:
@@ -252,6 +266,37 @@ def attribute_values(d: ValuesDiff, behaviours: tuple[Behaviour, ...], first: tu
         if reproduced is not None:
             explained |= reproduced
     d.unexplained = int((full.bad & ~explained).sum())
+    # what differs, stated exactly, unless one behaviour reproduces every block (as the codes path)
+    if not any(a.reproduced == d.n_examined and not a.also_changes for a in d.attributions):
+        d.relations, d.stated = d.field_relations()
+
+
+def carried_scales(earlier: list[ValuesDiff], spec: OperandSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """The non-power-of-two block scales (and ratios) earlier comparisons of ``spec`` found
+    shared, for the next comparison's scale reading (it then covers blocks whose values
+    are all 0 at that scale: one such block alone fixes no scale)."""
+    return next((e.known_scales for e in reversed(earlier) if e.spec == spec), (_NO_SCALES, _NO_SCALES))
+
+
+def reread_scales(diffs: list[ValuesDiff]) -> None:
+    """Once every comparison of a check is attributed, restate the relations of those read
+    before a later comparison found a shared non-power-of-two scale, with every scale the
+    check found for their spec (the input families run in a fixed order; a family whose
+    differing blocks are all 0 at that scale comes before the one that fixes it)."""
+    every: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    for d in diffs:
+        mine = [e.known_scales for e in diffs if e.spec == d.spec]
+        every[id(d)] = tuple(torch.unique(torch.cat([k[i] for k in mine])) for i in range(2))
+    for d in diffs:
+        every_scale = every[id(d)]
+        if d.scales_read is None:  # not attributed: the summary reads it later, with every scale
+            d.known_scales = every_scale
+            continue
+        if all(r.field == "scale" for r in d.relations) and bool(d.stated[d.differing].all()):
+            continue  # every block stated by a scale already
+        if any(not bool(torch.isin(every_scale[i], d.scales_read[i]).all()) for i in range(2)):
+            d.known_scales = every_scale
+            d.relations, d.stated = d.field_relations()
 
 
 def _record_fit(d: ValuesDiff, b: Behaviour, rows: _Rows) -> torch.Tensor | None:
@@ -279,7 +324,7 @@ def _diagnose(d: ValuesDiff, attributed: bool) -> list[str]:
     lines = [f"{d.operand} ({d.label}): {int(d.differ.sum()):,} of {d.differ.numel():,} values differ, in "
              f"{len(bad):,} of {n_blocks:,} {d.unit}"]
     if attributed:
-        lines += ["  " + line for line in render_attributions(d.attributions, len(bad), d.unexplained, d.unit)]
+        lines += ["  " + line for line in diagnose_quantize.cause_lines(d)]
     for flat in d.differ.flatten().nonzero().flatten()[:EXAMPLES].tolist():
         row, col = divmod(flat, d.x.shape[1])
         x, g, w = (t.reshape(-1)[flat] for t in (d.x, d.got, d.want))
@@ -368,16 +413,22 @@ def check_fake_quantize(backend: Any, recipe: Recipe, numerics: Any = None, *,
             # often shows another cause: zero signs, NaN policy)
             if len(differing) < ATTRIBUTED or all(not e.label.startswith(what + " ") for e in differing):
                 first = tuple(a.behaviour for e in differing if e.spec == spec for a in e.attributions)
+                d.known_scales = carried_scales(differing, spec)
                 attribute_values(d, QUANTIZE_BEHAVIOURS, tuple(dict.fromkeys(first)))
-                lines = render_attributions(d.attributions, len(d.differing_blocks()), d.unexplained, d.unit)
+                lines = diagnose_quantize.cause_lines(d)
             differing.append(d)
         if numerics is not None:
             message = out.message if out.passed else "\n".join([out.message, *lines])
-            numerics.context(**context).record("bitwise", replace(out, message=message), got)
+            # structured field relations for the JSON report, as the codes path records them
+            relations = [r.to_json() for r in d.relations] if d is not None else []
+            fields = out.fields if out.passed or not relations else \
+                {**out.fields, "extra": {**out.fields.get("extra", {}), "relations": relations}}
+            numerics.context(**context).record("bitwise", replace(out, message=message, fields=fields), got)
             if d is not None and d.verdict is not None:
                 numerics.context(**{**context, "layer": f"{name} tensor values ({text})"}).record(
                     "snr", Outcome(None, d.verdict.passed, d.verdict.line(), d.verdict.record_fields()))
     if differing:
+        reread_scales(differing)
         if (where := dump_dir()) is not None:  # every differing block, beyond the summary
             write_dump(where, differing, f"fake_quantize-{recipe.name}-{getattr(backend, 'name', 'backend')}")
         head = f"fake_quantize of recipe {recipe.name}, backend {getattr(backend, 'name', backend)}"

@@ -87,6 +87,11 @@ class QuantizeDiff:
     relations: list[Relation] = field(default_factory=list)  # where no behaviour reproduces every block
     stated: torch.Tensor | None = None  # bool per block: field relations state every field that differs there
 
+    def field_relations(self) -> tuple[list[Relation], torch.Tensor]:
+        """What differs, stated exactly (``relations.relate``); a values comparison reads its
+        values instead (``conformance.values_relations``)."""
+        return relate(self)
+
     @property
     def n_differing(self) -> int:
         return int(self.differing.sum()) if self.differing is not None else 0
@@ -241,7 +246,7 @@ def _with_relations(d: QuantizeDiff) -> QuantizeDiff:
     """d with its field relations, computed now where attribution skipped them (a behaviour
     reproduced every block): a summary over several comparisons counts them in each."""
     if d.stated is None and d.differing is not None and d.n_differing and not d.problem:
-        d.relations, d.stated = relate(d)
+        d.relations, d.stated = d.field_relations()
     return d
 
 
@@ -493,6 +498,8 @@ def _field_totals(diffs: list[QuantizeDiff]) -> dict[tuple[str, str], int]:
                 key = (c.field, "blocks")
                 n = int(sum(m for kind, m in d.kinds.items() if c.field in kind).sum()) if d.kinds else 0
             totals[key] = totals.get(key, 0) + n
+        for reading in getattr(d, "readings", ()):  # a values comparison: each reading differs where values do
+            totals[(reading, d.unit)] = totals.get((reading, d.unit), 0) + d.n_differing
     return totals
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from fractions import Fraction
 from typing import Any
 
 import torch
@@ -26,11 +27,25 @@ from mxcheck.diagnose.catalogue import element_format
 from mxcheck.diagnose.compare import _bits, _element_diffs, _expand, _per_block
 from mxcheck.formats import FloatFormat, decode_table, get_format
 
-__all__ = ["KINDS", "Condition", "Relation", "combine", "relate", "relation_name"]
+__all__ = [
+    "KINDS",
+    "Condition",
+    "FieldEntries",
+    "Relation",
+    "block_facts",
+    "combine",
+    "float32_text",
+    "ratio_text",
+    "relate",
+    "relate_fields",
+    "relation_name",
+]
 
 # Every kind of relation (what the kernel's entry is, given the oracle's), in the order one
 # is preferred where two cover the same blocks: a constant before a step or a power of two
-# (the kernel writes that value, whatever the oracle's was). "times 2^K" stands for one kind
+# (the kernel writes that value, whatever the oracle's was). Readings of a values kernel
+# put every constant first (relate_fields' alternatives): a float32 value flushed to 0 is
+# also "the oracle's rounded to float16", which says less. "times 2^K" stands for one kind
 # per integer K ("times 2^-48"); the constants of a byte field compare decoded values, but
 # "constant 127" is the byte itself (E8M0 2^0, the byte a missing scale falls back to).
 KINDS: dict[str, str] = {
@@ -50,6 +65,12 @@ KINDS: dict[str, str] = {
     "ulp_up": "one step (one ulp, or the next code) above the oracle's in magnitude, same sign",
     "ulp_down": "one step (one ulp, or the next code) below the oracle's in magnitude, same sign",
     "times 2^K": "the oracle's times the power of two 2^K, exactly (K an integer, not 0)",
+    # kinds of a free float field (a block scale read from a values kernel's values): the
+    # value it holds is any constant, or any ratio to the oracle's ("constant 1e-10",
+    # "times 4/3", printed as the shortest text that is that float32)
+    "constant C": "the constant C, one float32 value in every block it covers",
+    "times R": "the oracle's times R, one ratio that is not a power of two",
+    "not a power of two": "a value that is not a power of two where the oracle's is one",
 }
 
 _TEXT = {
@@ -77,12 +98,16 @@ def relation_name(field: str, kind: str) -> str:
 def _kind_text(kind: str, fmt: FloatFormat | None) -> str:
     if kind in _TEXT:
         return _TEXT[kind]
-    if kind.startswith("times 2^"):
+    if kind.startswith("times "):
         return f"the oracle's {kind}"
     if fmt is not None and kind == "constant 127":
         table = decode_table(fmt)
         return f"byte 0x7f ({float(table[127]) if len(table) > 127 else 'not a code'})"
-    return kind.removeprefix("constant ")
+    value = kind.removeprefix("constant ")
+    # the text reads back as the float32 it names (float32_text): test that float32
+    if kind not in KINDS and not bool(_is_power_of_two(torch.tensor(float(value), dtype=torch.float32))):
+        return f"{value}, not a power of two"  # a free constant (constant C)
+    return value
 
 
 # ---- where a relation holds ---------------------------------------------------------------------
@@ -115,6 +140,9 @@ class Condition:
         dtype = f"{'/'.join(self.dtypes)} " if self.dtypes else ""
         t = self.threshold
         shown = f"2^{int(math.log2(t))}" if t > 0 and math.isfinite(t) and math.log2(t).is_integer() else f"{t:.3g}"
+        if self.kind.startswith(("amax", "nonzero")) and not math.isfinite(t):  # every finite block of its kind
+            return {"amax_below": f"every finite {dtype}block",
+                    "nonzero_amax_below": f"every nonzero finite {dtype}block"}.get(self.kind, "")
         return {"every": f"every {dtype}block", "zero": f"every all-zero {dtype}block",
                 "special": f"every {dtype}block holding NaN or Inf",
                 "amax_below": f"every {dtype}block whose amax is below {shown}",
@@ -223,10 +251,12 @@ def _holds(k: torch.Tensor, o: torch.Tensor, fmt: FloatFormat | None) -> dict[st
     if fmt is None:
         for kind, (dtype, truncate) in _ROUNDED.items():
             out[kind] = _same_bits(k, _rounded(o, dtype, truncate))
-        o32 = o.float()
-        away = torch.where(o32 < 0, -math.inf, math.inf)
-        out["ulp_up"] = _same_bits(k, torch.nextafter(o32, away)) & o32.isfinite()
-        out["ulp_down"] = _same_bits(k, torch.nextafter(o32, torch.zeros_like(o32))) & o32.isfinite() & (o32 != 0)
+        # one ulp of the field's own dtype (a values field may be bfloat16 or float16)
+        o_own = o if o.dtype.is_floating_point else o.float()
+        away = torch.where(o_own < 0, -math.inf, math.inf).to(o_own.dtype)
+        out["ulp_up"] = _same_bits(k, torch.nextafter(o_own, away)) & o_own.isfinite()
+        out["ulp_down"] = (_same_bits(k, torch.nextafter(o_own, torch.zeros_like(o_own))) & o_own.isfinite()
+                           & (o_own != 0))
     else:
         out["ulp_up"] = _byte_step(k, o, kv, ov, fmt, 1)
         out["ulp_down"] = _byte_step(k, o, kv, ov, fmt, -1)
@@ -250,12 +280,74 @@ def _holds(k: torch.Tensor, o: torch.Tensor, fmt: FloatFormat | None) -> dict[st
     return out
 
 
+def _is_power_of_two(t: torch.Tensor) -> torch.Tensor:
+    return t.isfinite() & (t != 0) & (torch.frexp(t).mantissa.abs() == 0.5)
+
+
+def float32_text(v: float) -> str:
+    """The shortest decimal that reads back as the float32 ``v`` ("1e-10" for float32(1e-10))."""
+    want = torch.tensor(v, dtype=torch.float32)
+    for digits in range(1, 10):
+        text = f"{v:.{digits}g}"
+        if torch.equal(torch.tensor(float(text), dtype=torch.float32), want):
+            return text
+    return repr(v)
+
+
+def ratio_text(r: float) -> str:
+    """A ratio as a small fraction where one is that float32 ("4/3"), else as a decimal."""
+    small = Fraction(r).limit_denominator(64)
+    same = torch.tensor(float(small), dtype=torch.float32) == torch.tensor(r, dtype=torch.float32)
+    return str(small) if bool(same) else float32_text(r)
+
+
+def _most_common(v: torch.Tensor, at_least: int = 2) -> list[float]:
+    """The values of v that occur at least ``at_least`` times, most frequent first (at most _POWERS)."""
+    if not v.numel():
+        return []
+    values, counts = torch.unique(v, return_counts=True)
+    keep = counts >= at_least
+    order = counts[keep].argsort(descending=True, stable=True)
+    return values[keep][order][:_POWERS].tolist()
+
+
+def _free_holds(k: torch.Tensor, o: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The kinds of a free float field (a scale read from a values kernel's values): one
+    constant shared by several entries, one ratio to the oracle's that is not a power of
+    two, or a value that is not a power of two where the oracle's is one."""
+    k64, o64 = k.double(), o.double()
+    usable = k64.isfinite() & o64.isfinite() & (k64 != 0) & (o64 != 0)
+    out: dict[str, torch.Tensor] = {}
+    for c in _most_common(k64[usable]):
+        out.setdefault(f"constant {float32_text(c)}", usable & (k64 == c))
+    ratio = torch.where(usable, k64 / torch.where(usable, o64, 1.0), 0.0)
+    uneven = usable & ~_is_power_of_two(ratio)
+    for r in _most_common(ratio[uneven]):
+        out.setdefault(f"times {ratio_text(r)}", uneven & (ratio == r))
+    out["not a power of two"] = usable & ~_is_power_of_two(k64) & _is_power_of_two(o64)
+    return out
+
+
 _POWERS = 8  # distinct 2^K factors tried in one field (each its own kind)
 PER_FIELD = 3  # relations stated for one field of one comparison, most blocks first
 
 
-def _order(kind: str) -> int:
-    return list(KINDS).index("times 2^K" if kind.startswith("times 2^") else kind)
+def _constant_first(kind: str) -> tuple[int, int]:
+    """_order with every constant ahead of the roundings (the readings of values)."""
+    order, length = _order(kind)
+    return (order - len(KINDS) if kind.startswith("constant ") else order), length
+
+
+def _order(kind: str) -> tuple[int, int]:
+    """Where a kind is preferred among those covering the same blocks. A free constant and a
+    free ratio rank together, the shorter text first ("times 4/3" before "constant
+    1.5894572e-07" where every block has one oracle scale; "constant 1e-10" before "times
+    3.4359738"): both are exact there, and the plainer number is the likelier cause."""
+    if kind.startswith("times 2^"):
+        return list(KINDS).index("times 2^K"), 0
+    if kind.startswith("times ") or (kind.startswith("constant ") and kind not in KINDS):
+        return list(KINDS).index("constant C"), len(kind.removeprefix("times ").removeprefix("constant "))
+    return list(KINDS).index(kind), 0
 
 
 # ---- the blocks a relation covers, and the test that picks them out ---------------------------
@@ -272,16 +364,17 @@ class _Blocks:
     dtype: str
 
 
-def _blocks(d: Any) -> _Blocks:
-    dtype = str(d.x.dtype).removeprefix("torch.")
-    if tuple(d.x.shape) != tuple(d.oracle.codes.shape):
+def block_facts(x: torch.Tensor, block_ids: torch.Tensor, n: int) -> _Blocks:
+    """What a condition reads of each of the ``n`` blocks of input ``x`` (``block_ids``: the
+    block of each element, shaped like x where x lies on that grid)."""
+    dtype = str(x.dtype).removeprefix("torch.")
+    if tuple(x.shape) != tuple(block_ids.shape):
         return _Blocks(None, None, dtype)
-    a = d.x.abs().float()
-    n = d.differing.numel()
+    a = x.abs().float()
     is_finite = torch.isfinite(a)
-    special = _per_block(~is_finite, d.block_ids, n)
+    special = _per_block(~is_finite, block_ids, n)
     finite = torch.where(is_finite, a, 0.0).flatten()
-    amax = torch.zeros(n).scatter_reduce_(0, d.block_ids.flatten(), finite, "amax", include_self=True)
+    amax = torch.zeros(n).scatter_reduce_(0, block_ids.flatten(), finite, "amax", include_self=True)
     return _Blocks(amax, special, dtype)
 
 
@@ -362,44 +455,105 @@ def _blocks_where(entries_ok: torch.Tensor, block: torch.Tensor, n: int) -> tupl
     return differs, differs & ~broken
 
 
+@dataclass(frozen=True)
+class FieldEntries:
+    """The entries of one field of one comparison where the kernel's differ from the
+    oracle's, as the algebra reads them: ``block`` is each entry's block (-1: a per-tensor
+    value, which speaks for every block); ``fmt`` a byte field's format (None: a float
+    field); ``free``: a float field whose kinds include any shared constant and any ratio to
+    the oracle's (a block scale read from a kernel's values); ``template``: how a kind reads
+    for this field ("{}": as it is)."""
+
+    name: str
+    kernel: torch.Tensor
+    oracle: torch.Tensor
+    block: torch.Tensor
+    fmt: FloatFormat | None = None
+    per_tensor: bool = False
+    free: bool = False
+    template: str = "{}"
+
+    def kinds(self) -> dict[str, torch.Tensor]:
+        """Per entry, whether it is each kind of the oracle's."""
+        holds = _holds(self.kernel, self.oracle, self.fmt)
+        return {**holds, **_free_holds(self.kernel, self.oracle)} if self.free else holds
+
+
 def relate(d: Any) -> tuple[list[Relation], torch.Tensor]:
     """The relations of one comparison (a ``QuantizeDiff`` with counts), per differing field
     at most PER_FIELD, each stated for the blocks where it reproduces every differing entry
     of its field; and per block, whether relations cover every field that differs there."""
     n = d.differing.numel()
-    fields = tuple(c.field for c in d.counts if c.differ)
-    if not fields or d.block_ids is None:
+    names = tuple(c.field for c in d.counts if c.differ)
+    if not names or d.block_ids is None:
         return [], torch.zeros(n, dtype=torch.bool)
-    entries = {name: _differing_entries(d, name, n) for name in fields}
-    differs = {name: _blocks_where(torch.ones(len(e[2]), dtype=torch.bool), e[2], n)[0] for name, e in entries.items()}
-    blocks = _blocks(d)
+    fields = [FieldEntries(name, *_differing_entries(d, name, n), fmt=_format_of(d, name),
+                           per_tensor=getattr(d.oracle, name).ndim == 0) for name in names]
+    return relate_fields(fields, block_facts(d.x, d.block_ids, n), d.differing)
+
+
+READINGS = 4  # relations stated for one comparison read in several ways (relate_fields' alternatives)
+
+
+def _greedy(covered_by: dict[Any, torch.Tensor], left: torch.Tensor, limit: int,
+            rank: Any) -> list[tuple[Any, torch.Tensor]]:
+    """Up to ``limit`` keys, each covering the most blocks of ``left`` the ones before it
+    leave (ties: the lowest ``rank``), with the blocks each covers."""
+    left, chosen = left.clone(), []
+    for _ in range(limit):
+        if not covered_by:
+            break
+        key = max(covered_by, key=lambda c: (int((covered_by[c] & left).sum()), tuple(-r for r in rank(c))))
+        if not bool((covered_by[key] & left).any()):
+            break
+        chosen.append((key, covered_by[key]))
+        left &= ~covered_by[key]
+    return chosen
+
+
+def relate_fields(fields: list[FieldEntries], blocks: _Blocks, differing: torch.Tensor, *,
+                  alternatives: bool = False, unit: str = "blocks") -> tuple[list[Relation], torch.Tensor]:
+    """The relations of one comparison's differing ``fields`` over its blocks
+    (``differing``: bool per block), and per block whether they state it. Fields of a
+    quantized tensor each differ on their own: a block is stated where relations cover
+    every field that differs there (at most PER_FIELD a field). ``alternatives``: the fields
+    are readings of one thing (a values kernel's values as values, as a block scale, as
+    codes under the oracle's scale): one choice over every field's kinds, a block stated
+    where any reading covers it (at most READINGS)."""
+    n = differing.numel()
+    covered_by = {f.name: {kind: _blocks_where(holds, f.block, n)[1] for kind, holds in f.kinds().items()}
+                  for f in fields}
+    by_name = {f.name: f for f in fields}
+    if alternatives:
+        pairs = {(f.name, kind): mask for f in fields for kind, mask in covered_by[f.name].items()}
+        order = list(by_name)
+        chosen = _greedy(pairs, differing, READINGS, lambda key: (order.index(key[0]), *_constant_first(key[1])))
+        stated = torch.zeros(n, dtype=torch.bool)
+        for _, mask in chosen:
+            stated |= mask
+        found = [_relation(by_name[name], kind, mask, differing, blocks, (), unit) for (name, kind), mask in chosen]
+        return found, stated & differing
+    one = {f.name: torch.ones(len(f.block), dtype=torch.bool) for f in fields}
+    differs = {f.name: _blocks_where(one[f.name], f.block, n)[0] for f in fields}
     stated = torch.ones(n, dtype=torch.bool)
     found: list[Relation] = []
-    for name in fields:
-        k, o, block = entries[name]
-        fmt = _format_of(d, name)
-        covered_by = {kind: _blocks_where(holds, block, n)[1] for kind, holds in _holds(k, o, fmt).items()}
-        left, covered_any = differs[name].clone(), torch.zeros(n, dtype=torch.bool)
-        for _ in range(PER_FIELD):
-            kind = max(covered_by, key=lambda c: (int((covered_by[c] & left).sum()), -_order(c)))
-            if not bool((covered_by[kind] & left).any()):
-                break
-            mine = covered_by[kind]
-            left &= ~mine
+    for f in fields:
+        covered_any = torch.zeros(n, dtype=torch.bool)
+        for kind, mine in _greedy(covered_by[f.name], differs[f.name], PER_FIELD, _order):
             covered_any |= mine
-            also = tuple(f for f in fields if f != name and bool((differs[f] & mine).any()))
-            found.append(_relation(name, kind, fmt, mine, differs[name], getattr(d.oracle, name), blocks, also))
-        stated &= ~differs[name] | covered_any
-    return found, stated & d.differing
+            also = tuple(g.name for g in fields if g.name != f.name and bool((differs[g.name] & mine).any()))
+            found.append(_relation(f, kind, mine, differs[f.name], blocks, also, unit))
+        stated &= ~differs[f.name] | covered_any
+    return found, stated & differing
 
 
-def _relation(name: str, kind: str, fmt: FloatFormat | None, covered: torch.Tensor, differs: torch.Tensor,
-              oracle_field: torch.Tensor, blocks: _Blocks, also: tuple[str, ...]) -> Relation:
-    text = _kind_text(kind, fmt)
-    if oracle_field.ndim == 0:  # one value for the tensor: the comparison is the unit
-        return Relation(name, kind, 1, 1, "comparisons", Condition("every", matching=1, dtypes=(blocks.dtype,)),
+def _relation(f: FieldEntries, kind: str, covered: torch.Tensor, differs: torch.Tensor, blocks: _Blocks,
+              also: tuple[str, ...], unit: str) -> Relation:
+    text = f.template.format(_kind_text(kind, f.fmt))
+    if f.per_tensor:  # one value for the tensor: the comparison is the unit
+        return Relation(f.name, kind, 1, 1, "comparisons", Condition("every", matching=1, dtypes=(blocks.dtype,)),
                         also, kind_text=text)
-    return Relation(name, kind, int(covered.sum()), int(differs.sum()), "blocks", _condition(covered, blocks), also,
+    return Relation(f.name, kind, int(covered.sum()), int(differs.sum()), unit, _condition(covered, blocks), also,
                     kind_text=text)
 
 
@@ -427,10 +581,30 @@ def combine(relations: list[Relation], dtypes: tuple[str, ...] = (),
         key = (r.name, r.condition.kind)
         merged[key] = _merge(merged[key], r) if key in merged else r
     out = []
-    for r in merged.values():
+    for r in _whole(list(merged.values()), totals or {}):
         if set(dtypes) <= set(r.condition.dtypes):
             r = replace(r, condition=replace(r.condition, dtypes=()))
         if totals and (r.field, r.unit) in totals:
             r = replace(r, total=max(r.total, totals[(r.field, r.unit)]))
         out.append(r)
     return sorted(out, key=lambda r: (-r.covered, _order(r.kind), r.name))
+
+
+def _whole(relations: list[Relation], totals: dict[tuple[str, str], int]) -> list[Relation]:
+    """One relation found under several conditions (an amax threshold in one comparison,
+    every block in another) that together covers every unit where its field differs, as one
+    line with that count: it is the whole of what differs, which several lines hide."""
+    names: dict[str, list[Relation]] = {}
+    for r in relations:
+        names.setdefault(r.name, []).append(r)
+    out = []
+    for same in names.values():
+        covered = sum(r.covered for r in same)
+        if len(same) == 1 or covered != totals.get((same[0].field, same[0].unit), -1):
+            out += same
+            continue
+        condition = Condition("", matching=covered, dtypes=tuple(sorted({d for r in same for d in r.condition.dtypes})))
+        out.append(replace(same[0], covered=covered, total=covered, condition=condition,
+                           also=tuple(dict.fromkeys(a for r in same for a in r.also)),
+                           comparisons=sum(r.comparisons for r in same)))
+    return out

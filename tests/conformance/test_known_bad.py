@@ -62,6 +62,9 @@ EXPECTED = {
     "bad-mx-fp16-subnormal-amax": ("mxfp8", "quantize", "mx_subnormal_amax_float16"),
     "bad-zero-block-byte": ("mxfp8", "quantize", "mx.zero_scale=85"),
     "bad-fp8-rowwise-zero-eps": ("fp8-rowwise", "quantize", "fp8_eps_floor"),
+    # values kernels whose cause is a field relation on the block scale (stated, not a behaviour)
+    "bad-mx-scale-floor-1e-10": ("mxfp8", "quantize", "at a block scale of 1e-10, not a power of two"),
+    "bad-mx-scale-over-0.75": ("mxfp8", "quantize", "at a block scale of the oracle's times 4/3"),
 }
 # The seeded bugs that lose whole tensors, and an input of the magnitude family each loses
 # as the issue measured it (a gradient magnitude; float16 under 0.041): their failure opens
