@@ -1,0 +1,107 @@
+"""Hopper's FP8 tensor-core accumulation (mxcheck.diagnose.accumulation) against real H100
+outputs: references/vectors/hopper_fp8_accumulation_h100.json holds rows cut from a capture
+of torch._scaled_mm with and without fast accumulation (see references/vectors/README.md)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from mxcheck.assertions import NumericsError
+from mxcheck.conformance._common import _assert_in_bound
+from mxcheck.diagnose.accumulation import (
+    HOPPER_FAST_ACCUMULATION,
+    HOPPER_SPLIT_ACCUMULATION,
+    TensorCoreAccumulation,
+)
+from mxcheck.diagnose.outputs import exact_and_bound, outside_bound
+from mxcheck.formats import get_format
+from mxcheck.scaling import FP8Tensor
+
+pytestmark = pytest.mark.emulated
+
+FIXTURE = Path(__file__).parents[1] / "references" / "vectors" / "hopper_fp8_accumulation_h100.json"
+CASES = json.loads(FIXTURE.read_text())["cases"]
+MODELS = {"fast": HOPPER_FAST_ACCUMULATION, "split": HOPPER_SPLIT_ACCUMULATION}
+
+
+def _floats(hex_bits: list[str]) -> torch.Tensor:
+    return torch.tensor([int(h, 16) for h in hex_bits], dtype=torch.int64).to(torch.int32).view(torch.float32)
+
+
+def _operand(case: dict, side: str) -> FP8Tensor:
+    codes = torch.tensor([list(bytes.fromhex(row)) for row in case[side]], dtype=torch.uint8)
+    inv = _floats(case[f"scale_inv_{side}"])
+    inv = inv.reshape(()) if case["granularity"] == "tensor" else inv.reshape(-1, 1)
+    fmt = get_format("e5m2" if "e5m2" in case[f"fmt_{side}"] else "e4m3")
+    return FP8Tensor(codes, inv, fmt, case["granularity"], 1 / inv, torch.zeros_like(inv))
+
+
+def _measured(case: dict, mode: str) -> torch.Tensor:
+    return _floats(case[mode]).reshape(len(case["a"]), len(case["b"]))
+
+
+def _id(case: dict) -> str:
+    return f"K{case['k']}-{case['family']}-{case['granularity']}-{case['fmt_a'].removeprefix('torch.float8_')}"
+
+
+@pytest.mark.parametrize("mode", MODELS)
+@pytest.mark.parametrize("case", CASES, ids=_id)
+def test_the_model_gives_the_h100s_bits(case, mode):
+    a, b = _operand(case, "a"), _operand(case, "b")
+    got = MODELS[mode](a, b, out_dtype=torch.float32)
+    assert torch.equal(got.view(torch.int32), _measured(case, mode).view(torch.int32))
+
+
+def test_the_fixture_tells_the_two_modes_and_float32_apart():
+    """The premise: past 128 products fast and split accumulation differ, and neither is the
+    exact sum rounded once to float32 (so the test above is not met by a float32 GEMM)."""
+    long = [c for c in CASES if c["k"] > 128]
+    assert long and all(not torch.equal(_measured(c, "fast"), _measured(c, "split")) for c in long)
+    for case in CASES:
+        exact, _ = exact_and_bound(_operand(case, "a"), _operand(case, "b"))
+        assert not torch.equal(exact.float(), _measured(case, "split"))
+
+
+def test_the_gemm_check_accepts_the_h100s_split_accumulation():
+    """use_fast_accum=False is a correct kernel: no false failure, though some of its outputs
+    lie outside the fp32-accumulation bound."""
+    outside = 0
+    for case in CASES:
+        a, b = _operand(case, "a"), _operand(case, "b")
+        got = _measured(case, "split")
+        outside += int(outside_bound(got, *exact_and_bound(a, b)).sum())
+        _assert_in_bound(got, a, b, _id(case))
+    assert outside > 0
+
+
+def test_the_gemm_check_fails_fast_accumulation_and_names_every_output():
+    case = next(c for c in CASES if c["k"] == 384)
+    a, b = _operand(case, "a"), _operand(case, "b")
+    with pytest.raises(NumericsError) as failure:
+        _assert_in_bound(_measured(case, "fast"), a, b, _id(case))
+    head = str(failure.value).splitlines()[0]
+    n = head.split("; ")[1].split(" of ")[0]
+    assert f"{n} of {n} differing outputs are reproduced by: FP8 GEMM accumulated in Hopper's tensor cores" \
+        in str(failure.value)
+
+
+def test_the_model_applies_to_fp8_tensorwise_and_rowwise_operands_only():
+    case = CASES[0]
+    a, b = _operand(case, "a"), _operand(case, "b")
+    blockwise = FP8Tensor(a.codes, a.scale_inv.reshape(1, 1).expand(a.codes.shape[0], 1), a.fmt, "block1x128",
+                          a.scale, a.amax)
+    assert HOPPER_FAST_ACCUMULATION(blockwise, b) is None
+
+
+@pytest.mark.parametrize(("field", "value", "accepted"), [
+    ("group", 0, "positive number of products"),
+    ("fraction_bits", 24, "1 to 20"),
+    ("promote_every", 48, "multiple of group=32"),
+])
+def test_a_bad_accumulation_parameter_is_named(field, value, accepted):
+    with pytest.raises(ValueError, match=rf"{field}={value}; expected .*{accepted}"):
+        TensorCoreAccumulation(**{field: value})
