@@ -202,7 +202,7 @@ GEMM_BEHAVIOURS: tuple[Behaviour, ...] = (
               "the running sum truncated to 13 fraction bits, to the end of K)", "gemm",
               HOPPER_FAST_ACCUMULATION, cases=(31,),
               seen_in="torch._scaled_mm(use_fast_accum=True) on an H100 (torch 2.11.0+cu130, sm90): every one of "
-                      "1,503,744 captured outputs, K 16 to 4,096 (tools/h200/capture_fast_accum.py); torchao "
+                      "3,009,024 captured outputs, K 16 to 4,096 (tools/h200/capture_fast_accum.py); torchao "
                       "Float8Linear's forward (Float8GemmConfig(use_fast_accum=True)), TransformerEngine's fp8 fprop"),
     Behaviour("gemm-scales-swapped", "scales applied to the wrong operand (a read with b's scales, b with a's)",
               "gemm", OperandTransform(_scales_swapped),
