@@ -5,6 +5,7 @@ of torch._scaled_mm with and without fast accumulation (see references/vectors/R
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -20,8 +21,6 @@ from mxcheck.diagnose.accumulation import (
 from mxcheck.diagnose.outputs import exact_and_bound, outside_bound
 from mxcheck.formats import get_format
 from mxcheck.scaling import FP8Tensor
-
-pytestmark = pytest.mark.emulated
 
 FIXTURE = Path(__file__).parents[1] / "references" / "vectors" / "hopper_fp8_accumulation_h100.json"
 CASES = json.loads(FIXTURE.read_text())["cases"]
@@ -48,6 +47,7 @@ def _id(case: dict) -> str:
     return f"K{case['k']}-{case['family']}-{case['granularity']}-{case['fmt_a'].removeprefix('torch.float8_')}"
 
 
+@pytest.mark.emulated
 @pytest.mark.parametrize("mode", MODELS)
 @pytest.mark.parametrize("case", CASES, ids=_id)
 def test_the_model_gives_the_h100s_bits(case, mode):
@@ -56,6 +56,7 @@ def test_the_model_gives_the_h100s_bits(case, mode):
     assert torch.equal(got.view(torch.int32), _measured(case, mode).view(torch.int32))
 
 
+@pytest.mark.emulated
 def test_the_fixture_tells_the_two_modes_and_float32_apart():
     """The premise: past 128 products fast and split accumulation differ, and neither is the
     exact sum rounded once to float32 (so the test above is not met by a float32 GEMM)."""
@@ -66,6 +67,7 @@ def test_the_fixture_tells_the_two_modes_and_float32_apart():
         assert not torch.equal(exact.float(), _measured(case, "split"))
 
 
+@pytest.mark.emulated
 def test_the_gemm_check_accepts_the_h100s_split_accumulation():
     """use_fast_accum=False is a correct kernel: no false failure, though some of its outputs
     lie outside the fp32-accumulation bound."""
@@ -78,6 +80,7 @@ def test_the_gemm_check_accepts_the_h100s_split_accumulation():
     assert outside > 0
 
 
+@pytest.mark.emulated
 def test_the_gemm_check_fails_fast_accumulation_and_names_every_output():
     case = next(c for c in CASES if c["k"] == 384)
     a, b = _operand(case, "a"), _operand(case, "b")
@@ -89,6 +92,7 @@ def test_the_gemm_check_fails_fast_accumulation_and_names_every_output():
         in str(failure.value)
 
 
+@pytest.mark.emulated
 def test_the_model_applies_to_fp8_tensorwise_and_rowwise_operands_only():
     case = CASES[0]
     a, b = _operand(case, "a"), _operand(case, "b")
@@ -97,6 +101,7 @@ def test_the_model_applies_to_fp8_tensorwise_and_rowwise_operands_only():
     assert HOPPER_FAST_ACCUMULATION(blockwise, b) is None
 
 
+@pytest.mark.emulated
 @pytest.mark.parametrize(("field", "value", "accepted"), [
     ("group", 0, "positive number of products"),
     ("fraction_bits", 24, "1 to 20"),
@@ -105,3 +110,19 @@ def test_the_model_applies_to_fp8_tensorwise_and_rowwise_operands_only():
 def test_a_bad_accumulation_parameter_is_named(field, value, accepted):
     with pytest.raises(ValueError, match=rf"{field}={value}; expected .*{accepted}"):
         TensorCoreAccumulation(**{field: value})
+
+
+@pytest.mark.sm90
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "split"])
+def test_the_model_gives_scaled_mm_bits_on_this_device(fast):
+    """torch._scaled_mm itself on this Hopper GPU, K = 1,008 (31.5 k-steps, 7.9 promotions)."""
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(48, 1008, generator=gen) * torch.exp2(torch.randint(-6, 6, (48, 1008), generator=gen).float())
+    codes = (x / x.abs().amax() * 200).to(torch.float8_e4m3fn)
+    a = FP8Tensor(codes[:16].view(torch.uint8), torch.tensor(0.5), get_format("e4m3"), "tensor", torch.tensor(2.0),
+                  torch.tensor(0.0))
+    b = replace(a, codes=codes[16:].view(torch.uint8), scale_inv=torch.tensor(0.25), scale=torch.tensor(4.0))
+    got = torch._scaled_mm(codes[:16].cuda(), codes[16:].cuda().t(), scale_a=a.scale_inv.cuda(),
+                           scale_b=b.scale_inv.cuda(), out_dtype=torch.float32, use_fast_accum=fast).cpu()
+    want = MODELS["fast" if fast else "split"](a, b, out_dtype=torch.float32)
+    assert torch.equal(want.view(torch.int32), got.view(torch.int32))

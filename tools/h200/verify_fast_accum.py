@@ -13,7 +13,8 @@ outputs the model reproduces bit for bit. Part 2 runs
         -k edge --mxcheck-backend torchao
 
 and sums, over its failures, the GEMM outputs outside the bound and those no behaviour
-reproduces. Writes $OUT/verify_fast_accum.{log,json}.
+reproduces. Part 0 runs tests/test_accumulation.py's sm90 test (torch._scaled_mm against the
+model on this device). Writes $OUT/verify_fast_accum.{log,json}.
 """
 
 from __future__ import annotations
@@ -122,7 +123,12 @@ def main(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     log = [f"torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.get_device_name()}, "
            f"sm{''.join(map(str, torch.cuda.get_device_capability()))}"]
-    result = {"facts": log[0], "capture": capture(log), "conformance": conformance(log, out)}
+    device_test = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-m", "sm90", "-p", "no:cacheprovider",
+                                  "tests/test_accumulation.py"], capture_output=True, text=True)
+    log.append(f"tests/test_accumulation.py -m sm90 (exit {device_test.returncode}): "
+               f"{(device_test.stdout.strip().splitlines() or [''])[-1]}")
+    result = {"facts": log[0], "capture": capture(log), "conformance": conformance(log, out),
+              "device_test_exit": device_test.returncode}
     (out / "verify_fast_accum.log").write_text("\n".join(log) + "\n")
     (out / "verify_fast_accum.json").write_text(json.dumps(result, indent=1) + "\n")
     print("\n".join(log))
