@@ -12,7 +12,10 @@ import pytest
 import torch
 
 from mxcheck.assertions import NumericsError
+from mxcheck.backends.emulated import EmulatedBackend
+from mxcheck.backends.known_bad import FastAccumulation
 from mxcheck.conformance._common import _assert_in_bound
+from mxcheck.conformance.search import judge
 from mxcheck.diagnose.accumulation import (
     HOPPER_FAST_ACCUMULATION,
     HOPPER_SPLIT_ACCUMULATION,
@@ -20,6 +23,8 @@ from mxcheck.diagnose.accumulation import (
 )
 from mxcheck.diagnose.outputs import exact_and_bound, outside_bound
 from mxcheck.formats import get_format
+from mxcheck.gemm import quantize_operand
+from mxcheck.recipes import get_recipe
 from mxcheck.scaling import FP8Tensor
 
 FIXTURE = Path(__file__).parents[1] / "references" / "vectors" / "hopper_fp8_accumulation_h100.json"
@@ -126,3 +131,23 @@ def test_the_model_gives_scaled_mm_bits_on_this_device(fast):
                            scale_b=b.scale_inv.cuda(), out_dtype=torch.float32, use_fast_accum=fast).cpu()
     want = MODELS["fast" if fast else "split"](a, b, out_dtype=torch.float32)
     assert torch.equal(want.view(torch.int32), got.view(torch.int32))
+
+
+class _SplitAccumulation(EmulatedBackend):
+    """A correct Hopper FP8 GEMM: the split accumulation model as the kernel."""
+
+    name = "split-accumulation"
+
+    def gemm(self, a, b, *, out_dtype=torch.bfloat16, bias=None):
+        return HOPPER_SPLIT_ACCUMULATION(a, b, out_dtype=out_dtype)
+
+
+@pytest.mark.emulated
+def test_the_search_judges_split_accumulation_correct_and_fast_accumulation_not():
+    gen = torch.Generator().manual_seed(3)
+    tensors = {"a": torch.randn(32, 512, generator=gen), "b": torch.randn(32, 512, generator=gen)}
+    a, b = (quantize_operand(tensors[s], get_recipe("fp8").x_row) for s in "ab")
+    split = HOPPER_SPLIT_ACCUMULATION(a, b, out_dtype=torch.float32)
+    assert outside_bound(split, *exact_and_bound(a, b)).any()  # the premise: float32's bound rejects it
+    assert judge("gemm", _SplitAccumulation(), "fp8", tensors) is None
+    assert "Hopper's tensor cores" in judge("gemm", FastAccumulation(), "fp8", tensors)
