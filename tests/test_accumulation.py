@@ -17,6 +17,7 @@ from mxcheck.backends.known_bad import FastAccumulation
 from mxcheck.conformance._common import _assert_in_bound
 from mxcheck.conformance.search import judge
 from mxcheck.diagnose.accumulation import (
+    EPILOGUES,
     HOPPER_FAST_ACCUMULATION,
     HOPPER_SPLIT_ACCUMULATION,
     TensorCoreAccumulation,
@@ -134,20 +135,27 @@ def test_the_model_gives_scaled_mm_bits_on_this_device(fast):
 
 
 class _SplitAccumulation(EmulatedBackend):
-    """A correct Hopper FP8 GEMM: the split accumulation model as the kernel."""
+    """A correct Hopper FP8 GEMM: the split accumulation model as the kernel, its scales
+    applied in the order ``epilogue``."""
 
     name = "split-accumulation"
 
+    def __init__(self, epilogue: str) -> None:
+        self.epilogue = epilogue
+
     def gemm(self, a, b, *, out_dtype=torch.bfloat16, bias=None):
-        return HOPPER_SPLIT_ACCUMULATION(a, b, out_dtype=out_dtype)
+        return HOPPER_SPLIT_ACCUMULATION(a, b, out_dtype=out_dtype, epilogue=self.epilogue)
 
 
 @pytest.mark.emulated
 def test_the_search_judges_split_accumulation_correct_and_fast_accumulation_not():
+    """With scales that are not powers of two, in whichever order the epilogue multiplies."""
     gen = torch.Generator().manual_seed(3)
     tensors = {"a": torch.randn(32, 512, generator=gen), "b": torch.randn(32, 512, generator=gen)}
     a, b = (quantize_operand(tensors[s], get_recipe("fp8").x_row) for s in "ab")
-    split = HOPPER_SPLIT_ACCUMULATION(a, b, out_dtype=torch.float32)
-    assert outside_bound(split, *exact_and_bound(a, b)).any()  # the premise: float32's bound rejects it
-    assert judge("gemm", _SplitAccumulation(), "fp8", tensors) is None
+    outputs = [HOPPER_SPLIT_ACCUMULATION(a, b, out_dtype=torch.float32, epilogue=e) for e in EPILOGUES]
+    assert outside_bound(outputs[0], *exact_and_bound(a, b)).any()  # the premise: float32's bound rejects it
+    assert not torch.equal(outputs[0], outputs[1])  # and the orders differ
+    for epilogue in EPILOGUES:
+        assert judge("gemm", _SplitAccumulation(epilogue), "fp8", tensors) is None
     assert "Hopper's tensor cores" in judge("gemm", FastAccumulation(), "fp8", tensors)

@@ -15,8 +15,10 @@ mode exactly:
 4. ``use_fast_accum=True`` keeps that running sum to the end. Without it, every 128
    products (four k-steps) the running sum is added to a float32 accumulator (round to
    nearest) and restarts from zero.
-5. The scales multiply the float32 sum in the epilogue (the capture's scales are powers of
-   two, so it does not tell in which order a row scale and a column scale multiply).
+5. The scales multiply the float32 sum in the epilogue. The capture's scales are powers of
+   two, so it does not tell the order of the two float32 multiplies: ``EPILOGUES`` holds the
+   three, :meth:`TensorCoreAccumulation.reproduces` accepts any of them
+   (``tools/h200/verify_fast_accum.py`` measures which one the device uses).
 """
 
 from __future__ import annotations
@@ -28,7 +30,11 @@ import torch
 from mxcheck.gemm import QTensor
 from mxcheck.scaling import FP8Tensor
 
-__all__ = ["HOPPER_FAST_ACCUMULATION", "HOPPER_SPLIT_ACCUMULATION", "TensorCoreAccumulation"]
+__all__ = ["EPILOGUES", "HOPPER_FAST_ACCUMULATION", "HOPPER_SPLIT_ACCUMULATION", "TensorCoreAccumulation"]
+
+# The float32 epilogue: the sum times a's scale column and b's scale row, in each order.
+EPILOGUES = {"a-then-b": lambda t, sa, sb: t * sa * sb, "scales-first": lambda t, sa, sb: t * (sa * sb),
+             "b-then-a": lambda t, sa, sb: t * sb * sa}
 
 # Output elements held at once by one k-step: M * N * group float32 terms (about 64 MB).
 _STEP_ELEMENTS = 1 << 24
@@ -54,14 +60,35 @@ class TensorCoreAccumulation:
             raise ValueError(f"promote_every={self.promote_every}; expected None or a positive multiple of "
                              f"group={self.group}")
 
-    def __call__(self, a: QTensor, b: QTensor, out_dtype: torch.dtype = torch.float32) -> torch.Tensor | None:
-        """The output the tensor cores give for a @ b^T, cast to out_dtype; None unless both
-        operands are fp8 with tensorwise or rowwise scales (the scales a wgmma leaves to the
-        epilogue)."""
+    def __call__(self, a: QTensor, b: QTensor, out_dtype: torch.dtype = torch.float32,
+                 epilogue: str = "a-then-b") -> torch.Tensor | None:
+        """The output the tensor cores give for a @ b^T, the scales applied in the order
+        ``epilogue`` (a key of EPILOGUES), cast to out_dtype; None unless both operands are
+        fp8 with tensorwise or rowwise scales (the scales a wgmma leaves to the epilogue)."""
+        total = self._total(a, b)
+        if total is None:
+            return None
+        if epilogue not in EPILOGUES:
+            raise ValueError(f"epilogue={epilogue!r}; expected one of {sorted(EPILOGUES)}")
+        return EPILOGUES[epilogue](total, _scale_column(a), _scale_column(b).T).to(out_dtype)
+
+    def reproduces(self, got: torch.Tensor, a: QTensor, b: QTensor) -> torch.Tensor:
+        """True where got has the bits of this accumulation with one of the EPILOGUES; all
+        False where the model does not apply (other operands, another shape)."""
+        total = self._total(a, b)
+        same = torch.zeros(got.shape, dtype=torch.bool, device=got.device)
+        if total is None or tuple(total.shape) != tuple(got.shape):
+            return same
+        ints = {2: torch.int16, 4: torch.int32, 8: torch.int64}[got.element_size()]
+        sa, sb = _scale_column(a), _scale_column(b).T
+        for order in EPILOGUES.values():
+            same |= order(total, sa, sb).to(got.dtype).to(got.device).view(ints) == got.view(ints)
+        return same
+
+    def _total(self, a: QTensor, b: QTensor) -> torch.Tensor | None:
         if not all(isinstance(q, FP8Tensor) and q.granularity in ("tensor", "row") for q in (a, b)):
             return None
-        total = self.sum_of_values(_values(a), _exponents(a), _values(b), _exponents(b))
-        return (total * _scale_column(a) * _scale_column(b).T).to(out_dtype)
+        return self.sum_of_values(_values(a), _exponents(a), _values(b), _exponents(b))
 
     def sum_of_values(self, va: torch.Tensor, ea: torch.Tensor, vb: torch.Tensor, eb: torch.Tensor) -> torch.Tensor:
         """float32 [M, N]: the accumulation of va[M, K] @ vb[N, K]^T (fp8 values in float32)

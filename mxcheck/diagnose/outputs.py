@@ -215,22 +215,13 @@ GEMM_BEHAVIOURS: tuple[Behaviour, ...] = (
 # ---- accumulations that are not float32's ----
 
 
-def _same_bits(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Elementwise bit equality (NaN equals the same NaN, -0 differs from +0)."""
-    ints = {2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()]
-    return x.view(ints) == y.to(x.dtype).view(ints)
-
-
 def reproduced_by_split_accumulation(got: torch.Tensor, a: QTensor, b: QTensor) -> torch.Tensor:
     """True where got has, bit for bit, the output of Hopper's FP8 tensor cores with a float32
     promotion every 128 products (torch._scaled_mm's default, use_fast_accum=False; cuBLASLt
     and CUTLASS promote so): a correct kernel whose k-steps truncate below 2^-13 of their
     largest term, so its error can exceed the fp32-accumulation bound. All False where the
     operands are not fp8 with tensorwise or rowwise scales."""
-    modelled = HOPPER_SPLIT_ACCUMULATION(a, b, out_dtype=got.dtype)
-    if modelled is None or tuple(modelled.shape) != tuple(got.shape):
-        return torch.zeros(got.shape, dtype=torch.bool, device=got.device)
-    return _same_bits(modelled.to(got.device), got)
+    return HOPPER_SPLIT_ACCUMULATION.reproduces(got, a, b)
 
 
 # ---- attribution ----
@@ -245,17 +236,17 @@ def explain_gemm(got: torch.Tensor, a: QTensor, b: QTensor, exact: torch.Tensor,
     an output where the kernel's output lies within the fp32-accumulation bound of the exact
     GEMM of the operands as the behaviour reads them and the oracle's exact output does not
     (where a cancelling sum leaves both inside one wide bound, the output cannot tell them
-    apart). An accumulation model (no ``operands``) reproduces an output where its output
+    apart). An accumulation model (``reproduces``) reproduces an output where its output
     has the kernel's bits."""
     found, left, n = [], bad.clone(), int(bad.sum())
     oracle = exact.to(got.dtype)
     for behaviour in behaviours:
-        if not hasattr(behaviour.run, "operands"):
-            modelled = behaviour.run(a, b, out_dtype=got.dtype)
-            if modelled is None:
+        if hasattr(behaviour.run, "reproduces"):
+            same = behaviour.run.reproduces(got, a, b)
+            if not same.any():
                 continue
-            misses = ~_same_bits(modelled.to(got.device), got)
-            hits = bad & ~misses
+            misses = ~same
+            hits = bad & same
         else:
             ops = behaviour.run.operands(a, b)
             if ops is None:

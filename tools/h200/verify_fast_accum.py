@@ -29,7 +29,11 @@ from pathlib import Path
 
 import torch
 
-from mxcheck.diagnose.accumulation import HOPPER_FAST_ACCUMULATION, HOPPER_SPLIT_ACCUMULATION
+from mxcheck.diagnose.accumulation import (
+    EPILOGUES,
+    HOPPER_FAST_ACCUMULATION,
+    HOPPER_SPLIT_ACCUMULATION,
+)
 from mxcheck.formats import get_format
 from mxcheck.scaling import FP8Tensor
 
@@ -56,11 +60,6 @@ def _scaled_mm(a: FP8Tensor, b: FP8Tensor, out_dtype: torch.dtype, fast: bool) -
     if a.granularity == "row":
         sb = sb.reshape(1, -1)
     return torch._scaled_mm(ca, cb.t(), scale_a=sa, scale_b=sb, out_dtype=out_dtype, use_fast_accum=fast).cpu()
-
-
-# The epilogue's order of the two scale multiplies (the capture's powers of two hid it).
-EPILOGUES = {"(sum*sa)*sb": lambda t, sa, sb: t * sa * sb, "sum*(sa*sb)": lambda t, sa, sb: t * (sa * sb),
-             "(sum*sb)*sa": lambda t, sa, sb: t * sb * sa}
 
 
 def _ones(q: FP8Tensor) -> FP8Tensor:
