@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 import torch
 
 from mxcheck.backends.emulated import EmulatedBackend
-from mxcheck.diagnose.outputs import ReducedAccumulation
+from mxcheck.diagnose.accumulation import HOPPER_FAST_ACCUMULATION
 from mxcheck.formats import FloatFormat, decode_table, encode_bits, get_format
 from mxcheck.profiles import FP8Profile, NVFP4Profile, Profile
 from mxcheck.scaling import fp8 as _fp8
@@ -453,17 +453,26 @@ class MXScaleOverThreeQuarters(_MXValuesAtScale):
 
     def scale_of(self, pow2):
         return pow2 / 0.75
+_SCALES_IN_THE_EPILOGUE = {"tensor", "row", "delayed"}  # FP8 scalings a wgmma leaves to the epilogue
 
 
 class FastAccumulation(EmulatedBackend):
-    """GEMMs accumulated with 13 mantissa bits between float32 promotions every 128 products
-    (Hopper FP8 fast accumulation; torch._scaled_mm on the H200)."""
+    """FP8 GEMMs accumulated as Hopper's tensor cores do with fast accumulation (no float32
+    promotion; torch._scaled_mm(use_fast_accum=True), measured on an H100). Only FP8
+    tensorwise and rowwise recipes: the model needs the scales in the epilogue."""
 
     name = "bad-fast-accumulation"
 
+    def supports(self, recipe: Any) -> tuple[bool, str]:
+        scalings = {recipe.x_row.scaling, recipe.w_row.scaling}
+        if not scalings <= _SCALES_IN_THE_EPILOGUE:
+            return False, (f"{self.name}: recipe {recipe.name} scales its forward operands {sorted(scalings)}; "
+                           f"FP8 scalings {sorted(_SCALES_IN_THE_EPILOGUE)} only")
+        return True, ""
+
     def gemm(self, a, b, *, out_dtype=torch.bfloat16, bias=None):
-        out = ReducedAccumulation()(a, b, out_dtype=torch.float64)
-        return (out if bias is None else out + bias.double()).to(out_dtype)
+        out = HOPPER_FAST_ACCUMULATION(a, b, out_dtype=torch.float32)
+        return (out if bias is None else out + bias.float()).to(out_dtype)
 
 
 class InfBlockByte127(EmulatedBackend):

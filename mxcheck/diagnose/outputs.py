@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from mxcheck.diagnose.accumulation import HOPPER_FAST_ACCUMULATION, HOPPER_SPLIT_ACCUMULATION
 from mxcheck.diagnose.behaviour import Attribution, Behaviour, render_attributions
 from mxcheck.formats import decode_table, get_format
 from mxcheck.gemm import QTensor, dequantize_operand, emulated_gemm
@@ -21,8 +22,8 @@ from mxcheck.scaling import FP8Tensor, MXTensor, NVFP4Tensor
 from mxcheck.scaling.fp8 import FP8_GRANULARITIES
 from mxcheck.scaling.rules import E8M0_NAN
 
-__all__ = ["GEMM_BEHAVIOURS", "OperandTransform", "ReducedAccumulation", "exact_and_bound", "explain_gemm", "gemm_mismatch",
-           "outside_bound"]
+__all__ = ["GEMM_BEHAVIOURS", "OperandTransform", "exact_and_bound", "explain_gemm", "gemm_mismatch", "outside_bound",
+           "reproduced_by_split_accumulation"]
 
 SHOWN_OUTPUTS = 4  # outputs outside the bound shown one by one
 SHOWN_SCALES = 8  # scale bytes shown per operand row
@@ -128,44 +129,6 @@ class OperandTransform:
         return None if ops is None else emulated_gemm(*ops, out_dtype=out_dtype)
 
 
-@dataclass(frozen=True)
-class ReducedAccumulation:
-    """A GEMM behaviour's ``run``: the kernel reads the operands as they are but accumulates
-    with ``mantissa_bits`` between promotions to float32 every ``promote_every`` products
-    (Hopper FP8 "fast accumulation": the tensor cores' accumulator keeps about 13 bits; CUTLASS
-    and DeepGEMM promote every 4 WGMMAs = 128 products). Its bound adds, per promotion, a
-    relative error of 2^-mantissa_bits of the running sum to the float32 bound: an output is
-    reproduced where it lies inside that wider bound (and outside the float32 one, as every
-    output attribution runs on)."""
-
-    mantissa_bits: int = 13
-    promote_every: int = 128
-
-    def operands(self, a: QTensor, b: QTensor) -> tuple[QTensor, QTensor] | None:
-        return a, b
-
-    def extra_bound(self, a: QTensor, b: QTensor) -> torch.Tensor:
-        da, db = dequantize_operand(a).double().abs(), dequantize_operand(b).double().abs()
-        chunks = -(-da.shape[1] // self.promote_every)
-        return chunks * 2.0 ** -self.mantissa_bits * (da @ db.T)
-
-    def __call__(self, a: QTensor, b: QTensor, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """Chunks of ``promote_every`` products summed exactly, each added to an accumulator
-        rounded to ``mantissa_bits`` (round to nearest), then cast."""
-        da, db = dequantize_operand(a).double(), dequantize_operand(b).double()
-        acc = torch.zeros(da.shape[0], db.shape[0], dtype=torch.float64)
-        for k in range(0, da.shape[1], self.promote_every):
-            acc = _round_mantissa(acc + da[:, k:k + self.promote_every] @ db[:, k:k + self.promote_every].T,
-                                  self.mantissa_bits)
-        return acc.to(out_dtype)
-
-
-def _round_mantissa(x: torch.Tensor, bits: int) -> torch.Tensor:
-    """x rounded to ``bits`` fraction bits (to nearest, ties to even on the float64 grid)."""
-    mant, exp = torch.frexp(x)
-    return torch.ldexp(torch.round(mant * 2.0 ** (bits + 1)) / 2.0 ** (bits + 1), exp)
-
-
 def _is_fp4(q: QTensor) -> bool:
     return isinstance(q, NVFP4Tensor) or (isinstance(q, MXTensor) and q.fmt.bits == 4)
 
@@ -234,16 +197,31 @@ GEMM_BEHAVIOURS: tuple[Behaviour, ...] = (
     _scales_ignored("a"),
     _scales_ignored("b"),
     _scales_ignored("both"),
-    Behaviour("gemm-reduced-accumulation", "GEMM accumulation with 13 mantissa bits between float32 promotions "
-              "every 128 products (bound: ceil(K / 128) * 2^-13 * |a| @ |b|^T on top of float32's)", "gemm",
-              ReducedAccumulation(), cases=(31,), seen_in="Hopper FP8 fast accumulation (torch._scaled_mm use_fast_accum=True, "
-              "cuBLASLt CUBLASLT_MATMUL_DESC_FAST_ACCUM; DeepSeek-V3 report 3.3.2: about 14 bits retained)"),
+    Behaviour("gemm-reduced-accumulation", "FP8 GEMM accumulated in Hopper's tensor cores without float32 promotion "
+              "(fast accumulation: 32 products a k-step, each term truncated to 2^-13 of the step's largest exponent, "
+              "the running sum truncated to 13 fraction bits, to the end of K)", "gemm",
+              HOPPER_FAST_ACCUMULATION, cases=(31,),
+              seen_in="torch._scaled_mm(use_fast_accum=True) on an H100 (torch 2.11.0+cu130, sm90): every one of "
+                      "3,009,024 captured outputs, K 16 to 4,096 (tools/h200/capture_fast_accum.py); torchao "
+                      "Float8Linear's forward (Float8GemmConfig(use_fast_accum=True)), TransformerEngine's fp8 fprop"),
     Behaviour("gemm-scales-swapped", "scales applied to the wrong operand (a read with b's scales, b with a's)",
               "gemm", OperandTransform(_scales_swapped),
               seen_in="cuBLASLt MXFP8 as first wrapped for torch._scaled_mm (NVIDIA/CUDALibrarySamples#248, "
                       "pytorch/pytorch#146655); hipBLASLt row-wise FP8, whose A/B scale swap torch hard-coded "
                       "(pytorch/pytorch#147548)"),
 )
+
+
+# ---- accumulations that are not float32's ----
+
+
+def reproduced_by_split_accumulation(got: torch.Tensor, a: QTensor, b: QTensor) -> torch.Tensor:
+    """True where got has, bit for bit, the output of Hopper's FP8 tensor cores with a float32
+    promotion every 128 products (torch._scaled_mm's default, use_fast_accum=False; cuBLASLt
+    and CUTLASS promote so): a correct kernel whose k-steps truncate below 2^-13 of their
+    largest term, so its error can exceed the fp32-accumulation bound. All False where the
+    operands are not fp8 with tensorwise or rowwise scales."""
+    return HOPPER_SPLIT_ACCUMULATION.reproduces(got, a, b)
 
 
 # ---- attribution ----
@@ -254,21 +232,26 @@ def explain_gemm(got: torch.Tensor, a: QTensor, b: QTensor, exact: torch.Tensor,
     """Report lines: each behaviour that reproduces at least MIN_SHARE of the ``bad``
     outputs, then the bad outputs none of those reproduces.
 
-    A behaviour reproduces an output where the kernel's output lies within the
-    fp32-accumulation bound of the exact GEMM of the operands as the behaviour reads them
-    and the oracle's exact output does not (where a cancelling sum leaves both inside one
-    wide bound, the output cannot tell them apart)."""
+    A behaviour that reads the operands otherwise (an :class:`OperandTransform`) reproduces
+    an output where the kernel's output lies within the fp32-accumulation bound of the exact
+    GEMM of the operands as the behaviour reads them and the oracle's exact output does not
+    (where a cancelling sum leaves both inside one wide bound, the output cannot tell them
+    apart). An accumulation model (``reproduces``) reproduces an output where its output
+    has the kernel's bits."""
     found, left, n = [], bad.clone(), int(bad.sum())
     oracle = exact.to(got.dtype)
     for behaviour in behaviours:
-        ops = behaviour.run.operands(a, b)
-        if ops is None:
-            continue
-        b_exact, b_bound = exact_and_bound(*ops)
-        if hasattr(behaviour.run, "extra_bound"):  # the same operands, a wider bound: outputs only it admits
-            misses = outside_bound(got, b_exact, b_bound + behaviour.run.extra_bound(*ops))
-            hits = bad & ~misses
+        if hasattr(behaviour.run, "reproduces"):
+            same = behaviour.run.reproduces(got, a, b)
+            if not same.any():
+                continue
+            misses = ~same
+            hits = bad & same
         else:
+            ops = behaviour.run.operands(a, b)
+            if ops is None:
+                continue
+            b_exact, b_bound = exact_and_bound(*ops)
             misses = outside_bound(got, b_exact, b_bound)
             hits = bad & ~misses & outside_bound(oracle, b_exact, b_bound)
         if int(hits.sum()) >= MIN_SHARE * n:
