@@ -159,3 +159,22 @@ def test_the_search_judges_split_accumulation_correct_and_fast_accumulation_not(
     for epilogue in EPILOGUES:
         assert judge("gemm", _SplitAccumulation(epilogue), "fp8", tensors) is None
     assert "Hopper's tensor cores" in judge("gemm", FastAccumulation(), "fp8", tensors)
+
+
+@pytest.mark.emulated
+@pytest.mark.parametrize("mode", MODELS)
+def test_a_zero_k_step_adds_nothing_and_is_never_nan(mode):
+    """A k-step whose products are all zero on a zero running sum (a zero block of an operand
+    at the start of a promotion interval, as the GEMM check's inputs hold) has no exponent to
+    truncate below: it must leave the sum what the other k-steps make it (it once gave NaN,
+    0 / 0, on the H100 run of the check)."""
+    case = next(c for c in CASES if c["k"] >= 64)
+    a, b = _operand(case, "a"), _operand(case, "b")
+    zero_first = replace(a, codes=a.codes.clone())
+    zero_first.codes[:, :32] = 0
+    rest = replace(a, codes=a.codes[:, 32:]), replace(b, codes=b.codes[:, 32:])
+    got = MODELS[mode](zero_first, b)
+    assert not got.isnan().any()
+    # without promotion the k-steps after it see the same running sum as a GEMM without it
+    if mode == "fast":
+        assert torch.equal(got, MODELS[mode](*rest))

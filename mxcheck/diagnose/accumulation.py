@@ -105,6 +105,9 @@ class TensorCoreAccumulation:
             products = va[:, None, step] * vb[None, :, step]  # exact: fp8 x fp8 has at most 8 bits
             exps = torch.where(products == 0, _NO_EXPONENT, ea[:, None, step] + eb[None, :, step])
             top = torch.maximum(exps.amax(-1), _exponent_of(running))
+            # a step of zero products on a zero running sum (a zero block of either operand at
+            # the start of a promotion interval) has no exponent: any quantum keeps it 0
+            top = torch.where(top == _NO_EXPONENT, 0, top)
             # Every term over the quantum is an integer under 2^(fraction_bits + 2), and the
             # group + 1 of them sum exactly in float32.
             quantum = torch.ldexp(torch.ones_like(running), top - self.fraction_bits)
