@@ -123,8 +123,9 @@ def main(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     log = [f"torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.get_device_name()}, "
            f"sm{''.join(map(str, torch.cuda.get_device_capability()))}"]
-    device_test = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-m", "sm90", "-p", "no:cacheprovider",
-                                  "tests/test_accumulation.py"], capture_output=True, text=True)
+    # -p mxcheck.plugin: its markers (sm90) where mxcheck is on PYTHONPATH, not installed
+    device_test = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-m", "sm90", "-p", "mxcheck.plugin",
+                                  "-p", "no:cacheprovider", "tests/test_accumulation.py"], capture_output=True, text=True)
     log.append(f"tests/test_accumulation.py -m sm90 (exit {device_test.returncode}): "
                f"{(device_test.stdout.strip().splitlines() or [''])[-1]}")
     result = {"facts": log[0], "capture": capture(log), "conformance": conformance(log, out, "torchao", "edge"),
