@@ -131,7 +131,7 @@ class Profile(ProfileBase):
         if self.half_away_sum != "exact":
             codes = _floor_half_codes(self, clean, f, codes, scales)
         if self.scale_storage != "e8m0":
-            codes = _float_scale_codes(self, clean, f, codes, scales, _float_scales(self, amax, f))
+            codes = _float_scale_codes(self, clean, f, codes, scales, _float_scales(self, amax, f, xs.dtype))
         if self.nan_policy != "block":
             codes = _nan_element_codes(xs, f, codes, scales, self.block_size)
         codes = apply_zero_sign(self.zero_sign, clean, codes, f, _per_element(scales != E8M0_NAN, self.block_size))
@@ -148,8 +148,9 @@ class Profile(ProfileBase):
                       hadamard=get_hadamard(self.hadamard), zero_scale=self.zero_scale)
         if self.scale_storage == "e8m0":
             return MXTensor(**fields)
-        _, amax = self._clean_amax(x if self.hadamard is None else apply_hadamard(x, get_hadamard(self.hadamard), axis=-1))
-        decode = torch.where(scales == E8M0_NAN, math.nan, _float_scales(self, amax, f))  # a NaN block stays NaN
+        xs = x if self.hadamard is None else apply_hadamard(x, get_hadamard(self.hadamard), axis=-1)
+        _, amax = self._clean_amax(xs)
+        decode = torch.where(scales == E8M0_NAN, math.nan, _float_scales(self, amax, f, xs.dtype))  # NaN stays NaN
         return MXFloatScaleTensor(**fields, decode_scales=decode)
 
     def _clean_amax(self, xs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -389,13 +390,13 @@ def _floor_half_codes(p: Profile, x, fmt, codes, scales) -> torch.Tensor:
     return torch.where(keep, codes, new)
 
 
-def _float_scales(p: Profile, amax: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
-    """float32 per block: 2^e of the rule's unclamped exponent, evaluated in amax's dtype (the
-    input's, with log2_input) where it may underflow to 0, then 0 replaced by float32 eps.
+def _float_scales(p: Profile, amax: torch.Tensor, fmt: FloatFormat, dtype: torch.dtype) -> torch.Tensor:
+    """float32 per block: 2^e of the rule's unclamped exponent, evaluated in the input's
+    ``dtype`` where it may underflow to 0, then 0 replaced by float32 eps.
     Quark observer.py:126-127 (amd-quark 0.13): scale = torch.pow(2, torch.floor(torch.log2(
     amax)) - emax); scale.masked_fill(scale == 0.0, eps). log2(0) = -inf gives 0 then eps too."""
     e = _rule_exponent(p, amax, fmt)
-    s = torch.pow(2.0, e.to(amax.dtype))  # in amax's dtype: bf16 below 2^-133 and float16 below 2^-24 are 0
+    s = torch.pow(2.0, e.to(dtype))  # e is an integer, exact in bf16; bf16 below 2^-133 and float16 below 2^-24 are 0
     return s.masked_fill(s == 0, FLOAT32_EPS).to(torch.float32)
 
 
