@@ -62,6 +62,8 @@ EXPECTED = {
     "bad-mx-fp16-subnormal-amax": ("mxfp8", "quantize", "mx_subnormal_amax_float16"),
     "bad-zero-block-byte": ("mxfp8", "quantize", "mx.zero_scale=85"),
     "bad-fp8-rowwise-zero-eps": ("fp8-rowwise", "quantize", "fp8_eps_floor"),
+    # AMD Quark's residuals (a fake-quant kernel: values only)
+    "bad-mx-float-scale": ("mxfp4-1x32", "quantize", "mx.scale_storage=input_dtype"),
 }
 # The seeded bugs that lose whole tensors, and an input of the magnitude family each loses
 # as the issue measured it (a gradient magnitude; float16 under 0.041): their failure opens

@@ -123,7 +123,10 @@ def _nvfp4(x: torch.Tensor) -> torch.Tensor:
     tensor_scale = tensor_scale.masked_fill(tensor_scale == 0.0, EPS)
     block_scale = blocks.abs().amax(-1, keepdim=True) / 6.0
     block_scale = _element(block_scale.masked_fill(block_scale == 0.0, EPS) / tensor_scale, "e4m3") * tensor_scale
-    return (_element(blocks / block_scale, "e2m1") * block_scale).flatten(-2)[..., :k].to(x.dtype)
+    # hw_emulation_interface.py:1722-1723: a block scale of 0 divides as eps; the dequantization
+    # (:2068) multiplies by the 0 itself, so such a block is +-0
+    divisor = block_scale.masked_fill(block_scale == 0.0, EPS)
+    return (_element(blocks / divisor, "e2m1") * block_scale).flatten(-2)[..., :k].to(x.dtype)
 
 
 class _FakeQuantize(torch.nn.Module):
