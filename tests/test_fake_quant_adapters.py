@@ -226,8 +226,7 @@ def test_the_brevitas_fake_gives_the_released_librarys_values(monkeypatch, recip
 
 
 # What the Quark fake is held to, measured against 0.13 on every float32 family: MX "even"
-# treats a block holding Inf or NaN otherwise than the fake (not modelled), and its NVFP4 is a
-# model of the two stages that differs on 7 families (not bit-exact: not held here).
+# treats a block holding Inf or NaN otherwise than the fake (not modelled).
 QUARK_HELD = [("mx:e4m3:even", ("inf-nan", "one-inf", "one-nan")), ("ocp-mxfp8-e4m3", ()), ("ocp-mxfp4", ()),
               ("fp8-tensorwise", ()), ("nvfp4-1x16", ())]
 
