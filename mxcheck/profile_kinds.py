@@ -261,7 +261,6 @@ SCALE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16":
 SCALE_ARITHMETICS = ("float32", "input_reciprocal", "bfloat16", "float16")
 MULTIPLY_DTYPES = ("float32", "input")
 DESCALES = ("reciprocal", "quotient_input")
-_FLOAT32_EPS = 2.0**-23  # torch.finfo(torch.float32).eps: Quark's stand-in for a scale that is 0
 
 
 @dataclass(frozen=True)
@@ -331,7 +330,7 @@ def _quotient_in_input_dtype(x: torch.Tensor, f: FloatFormat, rounding: str) -> 
     # a NaN or Inf scale, every value NaN (0 * Inf, or x / NaN).
     amax = x.abs().amax()
     s = amax / f.max
-    s = s.masked_fill(s == 0, _FLOAT32_EPS)
+    s = s.masked_fill(s == 0, torch.finfo(torch.float32).eps)
     s32 = s.to(torch.float32)
     return FP8Tensor(codes=encode_bits((x / s).to(torch.float32), f, rounding, True), scale_inv=s32, fmt=f,
                      granularity="tensor", scale=torch.reciprocal(s32), amax=amax.to(torch.float32))

@@ -80,7 +80,6 @@ EXPONENT_RANGES = ("clamp", "wrap", "unsigned")
 HALF_AWAY_SUMS = ("exact", "float32", "input")
 NAN_POLICIES = ("block", "ignore", "zero_scale")
 SCALE_STORAGES = ("e8m0", "input_dtype")
-FLOAT32_EPS = 2.0**-23  # torch.finfo(torch.float32).eps: Quark's stand-in for a scale that is 0
 
 
 @dataclass(frozen=True)
@@ -397,7 +396,7 @@ def _float_scales(p: Profile, amax: torch.Tensor, fmt: FloatFormat, dtype: torch
     amax)) - emax); scale.masked_fill(scale == 0.0, eps). log2(0) = -inf gives 0 then eps too."""
     e = _rule_exponent(p, amax, fmt)
     s = torch.pow(2.0, e.to(dtype))  # e is an integer, exact in bf16; bf16 below 2^-133 and float16 below 2^-24 are 0
-    return s.masked_fill(s == 0, FLOAT32_EPS).to(torch.float32)
+    return s.masked_fill(s == 0, torch.finfo(torch.float32).eps).to(torch.float32)
 
 
 def _float_scale_codes(p: Profile, x, fmt, codes, scales, decode_scales) -> torch.Tensor:
