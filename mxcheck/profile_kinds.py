@@ -24,6 +24,13 @@ float32 per-tensor decode scale that ``NVFP4Tensor.tensor_scale`` holds):
   ``"te"`` min(2688 / amax, FLT_MAX), ts = amax / 2688 (the oracle); ``"reciprocal"``
   2688 * fl32(1 / amax) (one ulp off for some amax: element ties move), ts the oracle's;
   ``"uncapped"`` 2688 / amax with no cap (Inf for amax < 7.9e-36) and ts = 1 / S_enc (0 there).
+- ``zero_scale_fill``: a per-tensor scale ts of 0 and a first-stage block scale vec_max / 6 of
+  0 (an all-zero block, or one that underflows) become this value before the block scale is
+  quantized, and the elements of a block whose quantized scale is 0 are divided by it (AMD Quark
+  0.12-0.13: float32 eps, 2^-23, ``masked_fill(scale == 0, eps)``; the dequantization still
+  multiplies by the 0, so such a block's values are +-0 with their codes' signs): an all-zero
+  tensor quantizes to zeros with block scale 1.0, not to 0 / 0. Read by the quotient
+  and product block scales (``block_scale`` other than ``"te"``, whose S_enc it leaves alone).
 - ``encode_factor_limit``: where S_enc exceeds it (65504: the factor would overflow float16),
   the kernel falls back to per-tensor scale 1 (S_enc = ts = 1).
 - ``block_scale_rounding``: how the float32 block scale rounds to ue4m3 (``"rne"``, as
@@ -44,6 +51,11 @@ FP8 tensorwise:
   a 16-bit dtype).
 - ``multiply_dtype``: ``"float32"`` x * scale in float32; ``"input"`` rounded to x's dtype
   first (a 0-dim float32 scale does not promote a bf16 tensor), then cast.
+- ``descale``: ``"reciprocal"`` the formula's scale multiplies x and ``scale_inv`` is its
+  reciprocal (the oracle); ``"quotient_input"`` the dequantization scale itself, s = amax /
+  fp8_max, is computed in x's dtype (0 becomes float32 eps, 2^-23), x / s is rounded to x's
+  dtype before the cast, and ``scale_inv`` = s (AMD Quark 0.12-0.13 FP8 per tensor). It
+  replaces the formula, so it takes the float32 defaults of the two fields above.
 """
 
 from __future__ import annotations
@@ -77,7 +89,7 @@ from mxcheck.scaling.nvfp4 import (
     te_encode_scale,
 )
 
-__all__ = ["BLOCK_SCALES", "ELEMENT_SCALES", "ENCODE_FACTORS", "FP8_PROFILES", "NVFP4_PROFILES", "SCALE_ARITHMETICS", "FP8Profile",
+__all__ = ["BLOCK_SCALES", "DESCALES", "ELEMENT_SCALES", "ENCODE_FACTORS", "FP8_PROFILES", "NVFP4_PROFILES", "SCALE_ARITHMETICS", "FP8Profile",
            "NVFP4Profile"]
 
 _E2M1 = FORMATS["e2m1"]
@@ -165,6 +177,7 @@ class NVFP4Profile(ProfileBase):
     scale_dtype: str = "float32"
     encode_factor: str = "te"
     encode_factor_limit: float | None = None
+    zero_scale_fill: float | None = None
 
     scaling: ClassVar[str] = "nvfp4"
     formats: ClassVar[tuple[str, ...]] = ("e2m1",)
@@ -178,7 +191,10 @@ class NVFP4Profile(ProfileBase):
             return f"block_scale_rounding={self.block_scale_rounding!r}; expected one of {sorted(self.roundings)}"
         if self.scale_dtype not in SCALE_DTYPES:
             return f"scale_dtype={self.scale_dtype!r}; expected one of {list(SCALE_DTYPES)}"
-        for name in ("nonfinite_tensor_scale", "encode_factor_limit"):
+        if self.zero_scale_fill is not None and self.block_scale == "te":
+            return ("zero_scale_fill fills ts and vec_max / 6, which the 'quotient' and 'product' block scales "
+                    "read: it needs one of them, got block_scale='te'")
+        for name in ("nonfinite_tensor_scale", "encode_factor_limit", "zero_scale_fill"):
             v = getattr(self, name)
             if v is not None and not (0 < v < math.inf):
                 return f"{name}={v!r}; expected None or a positive finite float"
@@ -202,8 +218,14 @@ class NVFP4Profile(ProfileBase):
         if self.encode_factor_limit is not None and bool(s_enc > self.encode_factor_limit):
             s_enc, ts = torch.ones_like(s_enc), torch.ones_like(ts)  # the per-tensor fallback: scale 1
         dt = SCALE_DTYPES[self.scale_dtype]
+        vec_max = block_amax(work, 1, NVFP4_BLOCK)
+        if self.zero_scale_fill is not None:  # Quark observer.py:179-180: scale.masked_fill(scale == 0.0, eps)
+            filled = ts == 0
+            ts = torch.where(filled, self.zero_scale_fill, ts)
+            amax = torch.where(filled, self.zero_scale_fill * _E4M3_X_E2M1_MAX, amax)  # what dequantize reads: ts's amax
+            vec_max = torch.where(vec_max / _E2M1.max == 0, _E2M1.max * self.zero_scale_fill, vec_max)
         ts = ts.to(dt).to(torch.float32)
-        s_f32 = BLOCK_SCALES[self.block_scale](block_amax(work, 1, NVFP4_BLOCK), s_enc, ts).to(dt).to(torch.float32)
+        s_f32 = BLOCK_SCALES[self.block_scale](vec_max, s_enc, ts).to(dt).to(torch.float32)
         if self.zero_block_scale is not None:
             s_f32 = torch.where(s_f32 == 0, self.zero_block_scale, s_f32)
         if self.block_scale_min is not None:
@@ -214,7 +236,11 @@ class NVFP4Profile(ProfileBase):
             block_scales = torch.where(block_scales == 0, eps.to(block_scales.dtype), block_scales)
         s = decode_table("ue4m3", x.device, torch.float32)[block_scales.to(torch.int64)]
         blocks = work.to(torch.float32).unflatten(-1, (-1, NVFP4_BLOCK))
-        scaled = ELEMENT_SCALES[self.element_scale](blocks, s, s_enc, ts).flatten(-2)
+        scaled = ELEMENT_SCALES[self.element_scale](blocks, s, s_enc, ts)
+        if self.zero_scale_fill is not None:  # Quark hw_emulation_interface.py:1722-1723: a block scale of 0
+            # divides as the fill; its dequantization multiplies by the 0 (values +-0, their codes' signs)
+            scaled = torch.where((s * ts == 0).unsqueeze(-1), blocks / self.zero_scale_fill, scaled)
+        scaled = scaled.flatten(-2)
         codes = encode_bits(torch.clamp(scaled, -f.max, f.max), f, self.rounding, True)
         codes = apply_zero_sign(self.zero_sign, work, codes, f)
         return NVFP4Tensor(codes=codes, block_scales=block_scales, tensor_scale=ts, amax=amax, hadamard=rot)
@@ -234,6 +260,7 @@ def _input_reciprocal(amax: torch.Tensor, dtype: torch.dtype, fp8_max: float) ->
 SCALE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 SCALE_ARITHMETICS = ("float32", "input_reciprocal", "bfloat16", "float16")
 MULTIPLY_DTYPES = ("float32", "input")
+DESCALES = ("reciprocal", "quotient_input")
 
 
 @dataclass(frozen=True)
@@ -244,6 +271,7 @@ class FP8Profile(ProfileBase):
     scale_formula: str = "te"
     scale_arithmetic: str = "float32"
     multiply_dtype: str = "float32"
+    descale: str = "reciprocal"
 
     scaling: ClassVar[str] = "tensor"
     formats: ClassVar[tuple[str, ...]] = FP8_FORMATS
@@ -261,12 +289,20 @@ class FP8Profile(ProfileBase):
                     f"scale_formula='primus_turbo', got {self.scale_formula!r}")
         if self.hadamard is not None:
             return f"hadamard={self.hadamard!r}; FP8 tensorwise profiles take no rotation (None)"
+        if self.descale not in DESCALES:
+            return f"descale={self.descale!r}; expected one of {list(DESCALES)}"
+        if self.descale != "reciprocal" and (self.scale_arithmetic, self.multiply_dtype) != ("float32", "float32"):
+            return (f"descale={self.descale!r} computes the scale and x / scale in x's dtype itself: it takes "
+                    "scale_arithmetic='float32' and multiply_dtype='float32'")
         return ""
 
     def quantized(self, x: torch.Tensor, fmt: str | FloatFormat | None = None) -> FP8Tensor:
         """The FP8Tensor (granularity "tensor") the implementation makes of x."""
         f = self.element_format(fmt)
-        if (self.scale_arithmetic, self.multiply_dtype, self.rounding) == ("float32", "float32", "rne"):
+        if self.descale == "quotient_input":
+            check_quantize_input(x, f"profile {self.name}")
+            q = _quotient_in_input_dtype(x, f, self.rounding)
+        elif (self.scale_arithmetic, self.multiply_dtype, self.rounding) == ("float32", "float32", "rne"):
             q = fp8_quantize(x, f, scale_formula=self.scale_formula)
         else:
             check_quantize_input(x, f"profile {self.name}")
@@ -285,6 +321,19 @@ class FP8Profile(ProfileBase):
             return q
         return FP8Tensor(codes=apply_zero_sign(self.zero_sign, x, q.codes, f), scale_inv=q.scale_inv, fmt=f,
                          granularity="tensor", scale=q.scale, amax=q.amax)
+
+
+def _quotient_in_input_dtype(x: torch.Tensor, f: FloatFormat, rounding: str) -> FP8Tensor:
+    # amd-quark 0.13 observer.py:165-180 get_scale("float32"): scale = amax / quant_max in the
+    # amax's dtype (x's), masked_fill(scale == 0, eps); hw_emulation_interface.py:715-722: x / scale
+    # in x's dtype, clamp, cast, times scale. torch's amax propagates NaN: a NaN or Inf amax gives
+    # a NaN or Inf scale, every value NaN (0 * Inf, or x / NaN).
+    amax = x.abs().amax()
+    s = amax / f.max
+    s = s.masked_fill(s == 0, torch.finfo(torch.float32).eps)
+    s32 = s.to(torch.float32)
+    return FP8Tensor(codes=encode_bits((x / s).to(torch.float32), f, rounding, True), scale_inv=s32, fmt=f,
+                     granularity="tensor", scale=torch.reciprocal(s32), amax=amax.to(torch.float32))
 
 
 # ---- the profiles ----------------------------------------------------------------------

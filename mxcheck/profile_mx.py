@@ -39,6 +39,12 @@ Quirk fields (defaults = OCP MX v1.0 as ``mx_quantize`` does it):
   (mxcheck's), or ``floor(t + 0.5)`` on the element in quanta with the sum rounded to
   ``"float32"`` or to the ``"input"``'s dtype: t = nextbelow(0.5) rounds up (a below-tie
   double rounding; microxcaling's Python path, divergence case 2).
+- ``scale_storage``: what decodes a block: ``"e8m0"`` its byte; ``"input_dtype"`` the float
+  2^e held in the input's dtype, never stored as a byte (a fake quantizer): e is the rule's
+  exponent before E8M0's clamp (a float32 block keeps 2^-135), and a 2^e that underflows
+  the dtype (bf16 below 2^-133, float16 below 2^-24) is replaced by float32 eps, 2^-23
+  (AMD Quark 0.12-0.13 floor mode, observer.py:126-127). The values come back as an
+  :class:`MXFloatScaleTensor`; its bytes are the E8M0 clamp.
 - ``zero_sign`` (shared, see ``profile_base``) and ``rounding`` (any of ``ROUNDINGS`` but SR,
   ``half_zero`` included).
 """
@@ -52,20 +58,28 @@ from typing import ClassVar
 
 import torch
 
-from mxcheck.formats import FloatFormat, encode_bits_float
+from mxcheck.formats import FloatFormat, decode_table, encode_bits_float
 from mxcheck.hadamard import apply_hadamard, get_hadamard
 from mxcheck.nan_blocks import nan_block_codes
 from mxcheck.profile_base import ProfileBase, apply_zero_sign
 from mxcheck.scaling.blocks import block_amax
-from mxcheck.scaling.mx import MX_ELEMENT_FORMATS, MXTensor, e8m0_reciprocal, mx_quantize
+from mxcheck.scaling.mx import (
+    MX_ELEMENT_FORMATS,
+    MXTensor,
+    e8m0_reciprocal,
+    e8m0_value,
+    mx_quantize,
+)
 from mxcheck.scaling.rules import E8M0_NAN, SCALE_RULES
 
-__all__ = ["EXPONENT_RANGES", "EXPONENT_SOURCES", "HALF_AWAY_SUMS", "NAN_POLICIES", "Profile"]
+__all__ = ["EXPONENT_RANGES", "EXPONENT_SOURCES", "HALF_AWAY_SUMS", "NAN_POLICIES", "SCALE_STORAGES",
+           "MXFloatScaleTensor", "Profile"]
 
 EXPONENT_SOURCES = ("bits", "log2_fp32", "log2_input")
 EXPONENT_RANGES = ("clamp", "wrap", "unsigned")
 HALF_AWAY_SUMS = ("exact", "float32", "input")
 NAN_POLICIES = ("block", "ignore", "zero_scale")
+SCALE_STORAGES = ("e8m0", "input_dtype")
 
 
 @dataclass(frozen=True)
@@ -88,6 +102,7 @@ class Profile(ProfileBase):
     exponent_range: str = "clamp"
     scale_mbits: int | None = None
     half_away_sum: str = "exact"
+    scale_storage: str = "e8m0"
 
     scaling: ClassVar[str] = "mx"
     formats: ClassVar[tuple[str, ...]] = MX_ELEMENT_FORMATS
@@ -102,12 +117,9 @@ class Profile(ProfileBase):
         f = self.element_format(fmt)
         xs = x if self.hadamard is None else apply_hadamard(x, get_hadamard(self.hadamard), axis=-1)
         nan = torch.isnan(xs)
-        clean = xs if self.nan_policy == "block" else torch.where(nan, 0.0, xs).to(xs.dtype)
+        clean, amax = self._clean_amax(xs)
         q = mx_quantize(clean, f, block_size=self.block_size, scale_rule=self.scale_rule,
                         rounding=self.rounding, zero_scale=self.zero_scale)
-        amax = block_amax(clean, 1, self.block_size)
-        if self.exponent_source == "log2_input":
-            amax = amax.to(clean.dtype)  # exact: amax is one of clean's elements
         scales = q.scales
         for applies, quirk in _SCALE_QUIRKS:
             if applies(self):
@@ -117,6 +129,8 @@ class Profile(ProfileBase):
             codes = _clamp_byte_zero_blocks(self, clean, f, codes, scales)
         if self.half_away_sum != "exact":
             codes = _floor_half_codes(self, clean, f, codes, scales)
+        if self.scale_storage != "e8m0":
+            codes = _float_scale_codes(self, clean, f, codes, scales, _float_scales(self, amax, f, xs.dtype))
         if self.nan_policy != "block":
             codes = _nan_element_codes(xs, f, codes, scales, self.block_size)
         codes = apply_zero_sign(self.zero_sign, clean, codes, f, _per_element(scales != E8M0_NAN, self.block_size))
@@ -128,9 +142,46 @@ class Profile(ProfileBase):
         """``quantize`` as the MXTensor ``mx_quantize`` would return (blocks along the last axis)."""
         f = self.element_format(fmt)
         codes, scales = self.quantize(x, f)
-        return MXTensor(codes=codes, scales=scales, fmt=f, block_size=self.block_size, axis=x.ndim - 1,
-                        shape=tuple(x.shape), scale_rule=self.scale_rule, rounding=self.rounding,
-                        hadamard=get_hadamard(self.hadamard), zero_scale=self.zero_scale)
+        fields = dict(codes=codes, scales=scales, fmt=f, block_size=self.block_size, axis=x.ndim - 1,
+                      shape=tuple(x.shape), scale_rule=self.scale_rule, rounding=self.rounding,
+                      hadamard=get_hadamard(self.hadamard), zero_scale=self.zero_scale)
+        if self.scale_storage == "e8m0":
+            return MXTensor(**fields)
+        xs = x if self.hadamard is None else apply_hadamard(x, get_hadamard(self.hadamard), axis=-1)
+        _, amax = self._clean_amax(xs)
+        decode = torch.where(scales == E8M0_NAN, math.nan, _float_scales(self, amax, f, xs.dtype))  # NaN stays NaN
+        return MXFloatScaleTensor(**fields, decode_scales=decode)
+
+    def _clean_amax(self, xs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(xs with NaN read as 0 unless nan_policy is "block", its block amax: float32, or the
+        input's dtype for a log2 in it)."""
+        clean = xs if self.nan_policy == "block" else torch.where(torch.isnan(xs), 0.0, xs).to(xs.dtype)
+        amax = block_amax(clean, 1, self.block_size)
+        if self.exponent_source == "log2_input":
+            amax = amax.to(clean.dtype)  # exact: amax is one of clean's elements
+        return clean, amax
+
+
+@dataclass(frozen=True)
+class MXFloatScaleTensor(MXTensor):
+    """An MX tensor whose blocks a float each decodes (``decode_scales``: float32, shaped like
+    ``scales``) instead of their E8M0 byte: what a fake quantizer that holds 2^e in a float
+    gives, values no E8M0 byte gives below 2^-127 (``Profile.scale_storage``). ``scales``
+    holds the E8M0 clamp of the same exponents; a byte comparison reads those."""
+
+    decode_scales: torch.Tensor | None = None
+
+    def dequantize(self, *, padded: bool = False, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Values: element * decode scale in float32 (the fake quantizer's product), then dtype."""
+        if self.decode_scales is None:
+            return super().dequantize(padded=padded, dtype=dtype)
+        codes = self.codes.movedim(self.axis, -1)
+        table = decode_table(self.fmt, codes.device, torch.float32)
+        blocks = table[codes.to(torch.int64)].unflatten(-1, (-1, self.block_size))
+        out = (blocks * self.decode_scales.movedim(self.axis, -1).unsqueeze(-1)).flatten(-2)
+        if not padded:
+            out = out[..., : self.shape[self.axis]]
+        return out.to(dtype).movedim(-1, self.axis)
 
 
 def _check_profile(p: Profile) -> str:
@@ -157,6 +208,12 @@ def _check_profile(p: Profile) -> str:
     if p.half_away_sum not in HALF_AWAY_SUMS or (p.half_away_sum != "exact" and p.rounding != "half_away"):
         return (f"half_away_sum={p.half_away_sum!r}; expected one of {list(HALF_AWAY_SUMS)}, and a value other than "
                 "'exact' needs rounding='half_away' (it is how ties away are computed)")
+    if p.scale_storage not in SCALE_STORAGES:
+        return f"scale_storage={p.scale_storage!r}; expected one of {list(SCALE_STORAGES)}"
+    if p.scale_storage != "e8m0" and (p.subnormal_scale_clamp is not None or p.half_away_sum != "exact"
+                                      or p.exponent_range != "clamp"):
+        return (f"scale_storage={p.scale_storage!r} decodes each block by its float scale: it takes no "
+                "subnormal_scale_clamp, half_away_sum or exponent_range (they change how a byte decodes)")
     clamp = p.subnormal_scale_clamp
     if clamp is not None and not (clamp > 0 and math.frexp(clamp)[0] == 0.5):
         return f"subnormal_scale_clamp={clamp!r}; expected None or a positive power of two"
@@ -330,6 +387,27 @@ def _floor_half_codes(p: Profile, x, fmt, codes, scales) -> torch.Tensor:
     new = encode_bits_float(value, fmt, "rne", nan_codes=False).flatten(-2)
     keep = ~torch.isfinite(v).flatten(-2) | _per_element(scales == E8M0_NAN, p.block_size)
     return torch.where(keep, codes, new)
+
+
+def _float_scales(p: Profile, amax: torch.Tensor, fmt: FloatFormat, dtype: torch.dtype) -> torch.Tensor:
+    """float32 per block: 2^e of the rule's unclamped exponent, evaluated in the input's
+    ``dtype`` where it may underflow to 0, then 0 replaced by float32 eps.
+    Quark observer.py:126-127 (amd-quark 0.13): scale = torch.pow(2, torch.floor(torch.log2(
+    amax)) - emax); scale.masked_fill(scale == 0.0, eps). log2(0) = -inf gives 0 then eps too."""
+    e = _rule_exponent(p, amax, fmt)
+    s = torch.pow(2.0, e.to(dtype))  # e is an integer, exact in bf16; bf16 below 2^-133 and float16 below 2^-24 are 0
+    return s.masked_fill(s == 0, torch.finfo(torch.float32).eps).to(torch.float32)
+
+
+def _float_scale_codes(p: Profile, x, fmt, codes, scales, decode_scales) -> torch.Tensor:
+    # Blocks whose float scale is not their byte's value get x / scale encoded (a division: the
+    # reciprocal of 2^-135 overflows float32); a NaN byte's block keeps the format's NaN codes.
+    moved = (decode_scales != e8m0_value(scales)) & (scales != E8M0_NAN)
+    if not bool(moved.any()):
+        return codes
+    quotient = x.to(torch.float32).unflatten(-1, (-1, p.block_size)) / decode_scales.unsqueeze(-1)
+    new = encode_bits_float(quotient, fmt, p.rounding).flatten(-2)
+    return torch.where(_per_element(moved, p.block_size), new, codes)
 
 
 def _nan_element_codes(x, fmt, codes, scales, block_size) -> torch.Tensor:

@@ -691,3 +691,31 @@ KNOWN_BAD: dict[str, type[Any]] = {c.name: c for c in (NibbleSwap, WrongScaleRul
                                                         MXZeroBlockNaNFloat16, MXSubnormalAmaxFloat16,
                                                         MXZeroBlockByte85, FP8RowwiseZeroRowEps,
                                                         MXScaleFloor1e10, MXScaleOverThreeQuarters)}
+
+
+# ---- a fake-quant seeded bug modelled on AMD Quark's MX floor mode (values only) ----
+
+
+class _MXFloatScaleCodes(_ProfileBug):
+    name, scaling, fields = "mx-float-scale", "mx", {"scale_storage": "input_dtype"}
+
+
+class MXFloatScaleFakeQuant:
+    """A fake-quant MX kernel (values only, in the input's dtype) that holds the block scale 2^e
+    as a float in the input's dtype instead of an E8M0 byte: a float32 block below 2^-127 keeps
+    its finer scale, and a bf16 or float16 block whose 2^e underflows the dtype is divided by
+    float32 eps (its values 0) (AMD Quark 0.12-0.13, floor mode)."""
+
+    name = "bad-mx-float-scale"
+
+    def available(self) -> tuple[bool, str]:
+        return True, ""
+
+    def supports(self, recipe: Any) -> tuple[bool, str]:
+        return True, ""
+
+    def fake_quantize(self, x: torch.Tensor, spec: Any, *, state: Any = None) -> torch.Tensor:
+        return _MXFloatScaleCodes().quantize(x, spec, state=state).dequantize().to(x.dtype)
+
+
+KNOWN_BAD[MXFloatScaleFakeQuant.name] = MXFloatScaleFakeQuant

@@ -12,7 +12,12 @@ calls on its tensor. This adapter builds the same modules:
   scale rules of those names. One module per (format, rule), reused from call to call as a
   layer reuses its quantizer.
 * FP8 per tensor: ``FP8E4M3PerTensorSpec`` (min-max observer,
-  ``is_dynamic=True``): scale = amax / fp8 max, recomputed on every call; reused likewise.
+  ``is_dynamic=True``): scale = amax / fp8 max, recomputed on every call; reused likewise. The
+  reuse shows a Quark defect a fresh module hides: its observer copies the amax into buffers
+  that hold the previous call's dtype (observer.py:361-365), so a float32 tensor after a
+  float16 one is quantized with its amax rounded to float16
+  (references/conventions/quark/fp8-amax-previous-call-dtype.py). No catalogue behaviour can
+  reproduce it (it depends on the call before), so the fit leaves those blocks as residual.
 * NVFP4: the ``nvfp4`` scheme's activation spec (``config/template.py``,
   ``FP4Block16ScaleE4M3Scheme``): ``ScaleQuantSpec`` of ``FP4PerGroupSpec(group_size=16)``
   and a static min-max ``FP8E4M3PerTensorSpec`` that quantizes the block scales. The second

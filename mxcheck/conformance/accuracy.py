@@ -186,6 +186,18 @@ CASES: tuple[LabelledCase, ...] = (
             {"zero_sign": "negative_values"}, ("neg-zero", "bf16"), "TE reference_nvfp4.py, ModelOpt _cast_fp4"),
 )
 
+# Cases modelled on AMD Quark 0.12-0.13's residuals (wt-quark): its MX floor scale held as a
+# float, its FP8 dequantization scale amax / 448 in the input's dtype, its NVFP4 eps fill.
+CASES += (
+    _known("bad-mx-float-scale", "narrow-scale", "mx.scale_storage=input_dtype", "mxfp4-1x32",
+           families=("subnormals",)),
+    _seeded("seeded-fp8-descale-input-dtype", "mul-vs-div", "tensor.descale=quotient_input", "fp8", "tensor",
+            {"descale": "quotient_input"}, ("magnitude",), "amd-quark FP8E4M3PerTensorSpec: x / (amax / 448)"),
+    _seeded("seeded-nvfp4-zero-scale-eps", "zero-blocks", "nvfp4.zero_scale_fill=2^-23+nvfp4.block_scale=quotient",
+            "nvfp4", "nvfp4", {"block_scale": "quotient", "zero_scale_fill": 2.0**-23}, ("zeros", "magnitude"),
+            "amd-quark nvfp4 scheme: scale.masked_fill(scale == 0, eps)"),
+)
+
 QUICK: tuple[str, ...] = ("bad-nvfp4-reciprocal-encode", "bad-nvfp4-uncapped-encode", "bad-zero-block-byte")
 """The cases the CPU test suite runs (on their families): the two wrong causes the issue
 measured, and the cheapest of the new vocabulary (the zero-block byte)."""

@@ -243,6 +243,25 @@ CONVENTIONS: tuple[Convention, ...] = (
       for dt in ("bfloat16", "float16")),
     Convention(FP8Profile, "multiply_dtype", "input", "x * scale rounded to the input's dtype before the cast",
                (), "torchao 0.5 _ToFloat8ConstrFunc"),
+    # ---- MX scales a fake quantizer holds as floats (wt-quark) ----
+    Convention(Profile, "scale_storage", "input_dtype", "MX block scale 2^e held as a float in the input's dtype, "
+               "never an E8M0 byte: e below -127 kept (a float32 block scaled by 2^-135), and a 2^e that "
+               "underflows the dtype (bf16 below 2^-133, float16 below 2^-24) replaced by float32 eps 2^-23", (),
+               "amd-quark 0.12.post1 and 0.13, floor mode: quark/torch/quantization/observer/observer.py:126-127"),
+    Convention(FP8Profile, "descale", "quotient_input", "FP8 dequantization scale amax / fp8_max computed in the "
+               "input's dtype and x divided by it in that dtype (not fp8_max / amax in float32): a value one ulp "
+               "of the input's dtype off wherever amax / fp8_max is not exact; a NaN or Inf amax makes every "
+               "value NaN", (16,), "amd-quark 0.12.post1 and 0.13 FP8E4M3PerTensorSpec: "
+               "quark/torch/quantization/observer/observer.py:165-180, kernel/hw_emulation/"
+               "hw_emulation_interface.py:715-722"),
+    Convention(NVFP4Profile, "zero_scale_fill", 2.0**-23, "NVFP4 per-tensor scale and first-stage block scale "
+               "(amax / 6) of 0 replaced by float32 eps 2^-23 (the block scale is then eps / ts), and a block whose "
+               "quantized scale is 0 divided by eps (its values +-0, each its code's sign): an all-zero or "
+               "underflowing tensor quantizes to zeros, not 0 / 0", (15,),
+               "amd-quark 0.12.post1 and 0.13 nvfp4 scheme (ScaleQuantSpec of FP4PerGroupSpec and "
+               "FP8E4M3PerTensorSpec): quark/torch/quantization/observer/observer.py:179-180, "
+               "kernel/hw_emulation/hw_emulation_interface.py:1722-1723",
+               (("block_scale", "quotient"),)),
 )
 
 

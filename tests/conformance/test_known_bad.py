@@ -65,6 +65,8 @@ EXPECTED = {
     # values kernels whose cause is a field relation on the block scale (stated, not a behaviour)
     "bad-mx-scale-floor-1e-10": ("mxfp8", "quantize", "at a block scale of 1e-10, not a power of two"),
     "bad-mx-scale-over-0.75": ("mxfp8", "quantize", "at a block scale of the oracle's times 4/3"),
+    # AMD Quark's residuals (a fake-quant kernel: values only)
+    "bad-mx-float-scale": ("mxfp4-1x32", "quantize", "mx.scale_storage=input_dtype"),
 }
 # The seeded bugs that lose whole tensors, and an input of the magnitude family each loses
 # as the issue measured it (a gradient magnitude; float16 under 0.041): their failure opens

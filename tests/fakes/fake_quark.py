@@ -26,8 +26,9 @@ replaced by float32 eps); FP8 per tensor: amax / 448 in the input's dtype, a zer
 replaced by eps. Elements (``kernel/hw_emulation/csrc/mx/funcs.cuh::fake_quantize_element``):
 x / scale rounded to nearest even and saturated (mxcheck's ``cast``), Inf and NaN passed
 through, every e2m1 zero +0; times scale. NVFP4: block scale amax / 6 fake-quantized to e4m3
-with the tensor scale amax / (6 * 448), all in float32: a model, not bit-exact (it differs
-from 0.13 on 7 of the float32 input families). An MX "even" block holding Inf or NaN is not
+with the tensor scale amax / (6 * 448), all in float32, a zero scale replaced by float32 eps
+where it is divided by (the block scale of 0 still multiplies the values back): bit-exact with
+0.13 on every float32 input family. An MX "even" block holding Inf or NaN is not
 modelled either (tests/test_fake_quant_adapters.py QUARK_HELD says what is held).
 ``tests/test_fake_quant_adapters.py`` holds this fake to the released library where that is
 installed.
@@ -123,7 +124,10 @@ def _nvfp4(x: torch.Tensor) -> torch.Tensor:
     tensor_scale = tensor_scale.masked_fill(tensor_scale == 0.0, EPS)
     block_scale = blocks.abs().amax(-1, keepdim=True) / 6.0
     block_scale = _element(block_scale.masked_fill(block_scale == 0.0, EPS) / tensor_scale, "e4m3") * tensor_scale
-    return (_element(blocks / block_scale, "e2m1") * block_scale).flatten(-2)[..., :k].to(x.dtype)
+    # hw_emulation_interface.py:1722-1723: a block scale of 0 divides as eps; the dequantization
+    # (:2068) multiplies by the 0 itself, so such a block is +-0
+    divisor = block_scale.masked_fill(block_scale == 0.0, EPS)
+    return (_element(blocks / divisor, "e2m1") * block_scale).flatten(-2)[..., :k].to(x.dtype)
 
 
 class _FakeQuantize(torch.nn.Module):
