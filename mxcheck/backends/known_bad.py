@@ -14,7 +14,7 @@ import torch
 
 from mxcheck.backends.emulated import EmulatedBackend
 from mxcheck.diagnose.outputs import ReducedAccumulation
-from mxcheck.formats import FloatFormat, decode_table, encode_bits, get_format
+from mxcheck.formats import FloatFormat, decode, decode_table, encode_bits, get_format
 from mxcheck.profiles import FP8Profile, NVFP4Profile, Profile
 from mxcheck.scaling import fp8 as _fp8
 from mxcheck.scaling import mx as _mx
@@ -617,6 +617,64 @@ class FP8RowwiseZeroRowEps(EmulatedBackend):
                                  power_of_2=spec.power_of_2, eps=1e-12)
 
 
+class _MXNonPow2Scale:
+    """A fake-quant MX kernel (values only) whose block scale is ``scale(amax, emax, dtype)``
+    from the block's amax, every step in ``dtype`` (the input's where None): values are the
+    element format's RNE (saturating) cast of x / scale, times scale. Blocks whose amax is not
+    finite keep the oracle's values."""
+
+    name = ""
+    arithmetic: torch.dtype | None = None
+
+    def available(self) -> tuple[bool, str]:
+        return True, ""
+
+    def supports(self, recipe: Any) -> tuple[bool, str]:
+        return True, ""
+
+    def scale(self, amax: torch.Tensor, emax: int, dtype: torch.dtype) -> torch.Tensor:
+        raise NotImplementedError
+
+    def fake_quantize(self, x: torch.Tensor, spec: Any, *, state: Any = None) -> torch.Tensor:
+        oracle = EmulatedBackend().quantize(x, spec, state=state).dequantize().to(x.dtype)
+        if spec.scaling != "mx" or spec.block_2d or spec.hadamard is not None or x.shape[-1] % spec.block_size:
+            return oracle
+        fmt, dtype = get_format(spec.fmt), self.arithmetic or x.dtype
+        blocks = x.to(dtype).unflatten(-1, (-1, spec.block_size))
+        amax = blocks.abs().amax(-1, keepdim=True)
+        s = self.scale(amax, fmt.emax, dtype)
+        values = (decode(encode_bits((blocks / s).to(torch.float32), fmt, "rne", True), fmt).to(dtype) * s)
+        keep = torch.isfinite(amax).expand_as(blocks).flatten(-2)
+        return torch.where(keep, values.flatten(-2).to(x.dtype), oracle)
+
+
+class MXScaleFloor1e10(_MXNonPow2Scale):
+    """Floors the MX block scale at 1e-10 after its power-of-two restriction, in the input's
+    dtype: scale = max(2^floor(log2 max(amax, 1e-10)), 1e-10) / 2^emax (brevitas 0.13.4's
+    RuntimeDynamicGroupStatsScaling). A float32 block under 2^-33 gets a scale no E8M0 byte
+    holds; in float16 the floor is 0 and a zero or tiny block is NaN."""
+
+    name = "bad-mx-scale-floor"
+
+    def scale(self, amax, emax, dtype):
+        floor = torch.tensor(1e-10, dtype=dtype)
+        # the exponent of the floored amax, exact (float64 log2 of a float32, bf16 or float16)
+        pow2 = torch.exp2(torch.floor(torch.log2(torch.maximum(amax, floor).double()))).to(dtype)
+        return torch.maximum(pow2, floor) / torch.tensor(2.0**emax, dtype=dtype)
+
+
+class MXScaleDividedBy075(_MXNonPow2Scale):
+    """Divides the OCP floor scale 2^(floor(log2 amax) - emax) by 0.75 in float32 (issue 42:
+    "a scale divided by 0.75"): every block on a grid 4/3 coarser than E8M0 allows."""
+
+    name = "bad-mx-scale-div-0.75"
+    arithmetic = torch.float32
+
+    def scale(self, amax, emax, dtype):
+        e = torch.clamp(torch.floor(torch.log2(amax.double())) - emax, -127, 127)
+        return (torch.exp2(e) / 0.75).to(torch.float32)
+
+
 KNOWN_BAD: dict[str, type[Any]] = {c.name: c for c in (NibbleSwap, WrongScaleRule, StaleWeight, Bf16Fallback,
                                                         NanToZero, DropsBias, GarbageUnlessKMod256,
                                                         HalfAwayForRne, TruncForRne, Float32Log2Scale, Float16Log2Overflow,
@@ -630,4 +688,5 @@ KNOWN_BAD: dict[str, type[Any]] = {c.name: c for c in (NibbleSwap, WrongScaleRul
                                                         NVFP4UncappedEncodeFactor, NVFP4Float16Fallback,
                                                         NVFP4SpecialBlockZeroed, MXDivideByUnderflowedPow2,
                                                         MXZeroBlockNaNFloat16, MXSubnormalAmaxFloat16,
-                                                        MXZeroBlockByte85, FP8RowwiseZeroRowEps)}
+                                                        MXZeroBlockByte85, FP8RowwiseZeroRowEps,
+                                                        MXScaleFloor1e10, MXScaleDividedBy075)}

@@ -62,6 +62,9 @@ EXPECTED = {
     "bad-mx-fp16-subnormal-amax": ("mxfp8", "quantize", "mx_subnormal_amax_float16"),
     "bad-zero-block-byte": ("mxfp8", "quantize", "mx.zero_scale=85"),
     "bad-fp8-rowwise-zero-eps": ("fp8-rowwise", "quantize", "fp8_eps_floor"),
+    # MX scales that are no power of two (values-level failures: fake-quant kernels)
+    "bad-mx-scale-floor": ("ocp-mxfp8-e4m3", "quantize", "mx_scale_floor_after_pow2"),
+    "bad-mx-scale-div-0.75": ("ocp-mxfp4", "quantize", "mx_scale_divided_by_0.75"),
 }
 # The seeded bugs that lose whole tensors, and an input of the magnitude family each loses
 # as the issue measured it (a gradient magnitude; float16 under 0.041): their failure opens
