@@ -24,6 +24,8 @@ E2M1 = OperandSpec("e2m1", "mx")
 FLOOR = CATALOGUE["mx_scale_floor_after_pow2"].run
 IN_DTYPE = CATALOGUE["mx_scale_in_input_dtype"].run
 DIVIDED = CATALOGUE["mx_scale_divided_by_0.75"].run
+FP8_DIVIDE = CATALOGUE["fp8_divide_by_amax_over_max"].run
+FP8 = OperandSpec("e4m3", "tensor")
 
 
 def blocks(*rows: tuple[float, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -85,6 +87,24 @@ def test_a_scale_divided_by_0_75_puts_the_block_on_a_grid_four_thirds_coarser():
     assert got[0, :3].tolist() == [float(np.float32(3) * s), float(s), float(np.float32(-1.5) * s)]
 
 
+def test_fp8_divided_by_amax_over_max_in_float16_rounds_the_quotient_and_the_scale_there():
+    # s = float16(3) / float16(448) = 0.006694793701171875 (float16); 1.0 / s = 149.375 in float16,
+    # e4m3 RNE on [128, 256) (step 16): 144; 144 * s = 0.9638671875 in float16. The oracle's
+    # 1.0 * (448 / 3) = 149.33 -> 144, times 3 / 448 in float32 -> float16: 0.96435546875.
+    s = np.float16(3.0) / np.float16(448.0)
+    assert float(s) == 0.006694793701171875 and float(np.float16(1.0) / s) == 149.375
+    x = torch.tensor([[3.0, 1.0, -0.0]], dtype=torch.float16)
+    got = values_of(FP8_DIVIDE, x, FP8).to(torch.float16)
+    assert got[0, 1].item() == float(np.float16(np.float16(144.0) * s)) == 0.9638671875
+    assert quantize_operand(x, FP8).dequantize().to(torch.float16)[0, 1].item() == 0.96435546875
+
+
+def test_fp8_divided_by_amax_over_max_makes_an_inf_tensor_and_a_float16_zero_tensor_nan():
+    # Inf / 448 = Inf: x / Inf = 0 and 0 * Inf is NaN; float16(1e-10) = 0: 0 / (0 / 448) is NaN
+    for x in (torch.tensor([[1.0, float("inf"), 2.0]]), torch.zeros(2, 4, dtype=torch.float16)):
+        assert bool(values_of(FP8_DIVIDE, x, FP8).isnan().all())
+
+
 @pytest.mark.parametrize("key", ["mx_scale_floor_after_pow2", "mx_scale_divided_by_0.75"])
 def test_a_non_power_of_two_scale_never_matches_a_codes_kernel(key):
     # the result has no E8M0 scales: on the codes path its fields cannot be compared
@@ -121,3 +141,28 @@ def test_brevitas_mx_quantizer_is_the_floor_after_pow2_on_its_log2_profile(fmt, 
     model = FLOOR(x, spec, q)
     assert model is not None
     assert bool(values_agree(got, model).all()), (got, model.dequantize())
+
+
+def _brevitas_per_tensor(x: torch.Tensor) -> torch.Tensor:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from brevitas import quant
+        from brevitas.nn import QuantLinear
+        layer = QuantLinear(x.shape[1], x.shape[0], bias=False, weight_quant=quant.Fp8e4m3OCPWeightPerTensorFloat,
+                            dtype=x.dtype)
+        with torch.no_grad():
+            layer.weight.copy_(x)
+            return layer.quant_weight().value
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("amax", [1e-8, 0.123, 3.0, 6e4])
+def test_brevitas_fp8_per_tensor_is_the_divide_by_amax_over_max(dtype, amax):
+    """brevitas 0.13.4 Fp8e4m3OCPWeightPerTensorFloat (quant/float_base.py:24-48,
+    core/quant/float.py:69-79): its values are this behaviour's, bit for bit."""
+    pytest.importorskip("brevitas")
+    x = (torch.linspace(-1, 1, 4 * 64, dtype=torch.float64).reshape(4, 64) ** 3 * amax).to(dtype)
+    got = _brevitas_per_tensor(x)
+    model = FP8_DIVIDE(x, FP8, quantize_operand(x, FP8))
+    model = quantize_operand(x, FP8) if model is None else model
+    assert bool(values_agree(got, model).all())

@@ -675,6 +675,28 @@ class MXScaleDividedBy075(_MXNonPow2Scale):
         return (torch.exp2(e) / 0.75).to(torch.float32)
 
 
+class FP8DivideByAmaxOverMax:
+    """A fake-quant FP8 tensorwise kernel (values only) that divides x by amax / fp8_max and
+    multiplies back, in the input's dtype, amax floored at 1e-10 there (brevitas 0.13.4's
+    Fp8e4m3OCPWeightPerTensorFloat): not x * (fp8_max / amax) in float32 as the oracle."""
+
+    name = "bad-fp8-divide-amax-over-max"
+
+    def available(self) -> tuple[bool, str]:
+        return True, ""
+
+    def supports(self, recipe: Any) -> tuple[bool, str]:
+        return True, ""
+
+    def fake_quantize(self, x: torch.Tensor, spec: Any, *, state: Any = None) -> torch.Tensor:
+        if spec.scaling != "tensor":
+            return EmulatedBackend().quantize(x, spec, state=state).dequantize().to(x.dtype)
+        fmt = get_format(spec.fmt)
+        amax = torch.clamp_min(x.abs().amax(), torch.tensor(1e-10, dtype=x.dtype))
+        scale = amax / torch.tensor(fmt.max, dtype=x.dtype)
+        return decode(encode_bits((x / scale).to(torch.float32), fmt, "rne", True), fmt).to(x.dtype) * scale
+
+
 KNOWN_BAD: dict[str, type[Any]] = {c.name: c for c in (NibbleSwap, WrongScaleRule, StaleWeight, Bf16Fallback,
                                                         NanToZero, DropsBias, GarbageUnlessKMod256,
                                                         HalfAwayForRne, TruncForRne, Float32Log2Scale, Float16Log2Overflow,
@@ -689,4 +711,5 @@ KNOWN_BAD: dict[str, type[Any]] = {c.name: c for c in (NibbleSwap, WrongScaleRul
                                                         NVFP4SpecialBlockZeroed, MXDivideByUnderflowedPow2,
                                                         MXZeroBlockNaNFloat16, MXSubnormalAmaxFloat16,
                                                         MXZeroBlockByte85, FP8RowwiseZeroRowEps,
-                                                        MXScaleFloor1e10, MXScaleDividedBy075)}
+                                                        MXScaleFloor1e10, MXScaleDividedBy075,
+                                                        FP8DivideByAmaxOverMax)}

@@ -159,6 +159,8 @@ CASES: tuple[LabelledCase, ...] = (
     _known("bad-fp8-rowwise-zero-eps", "zero-blocks", "fp8_eps_floor", "fp8-rowwise", families=("zeros",)),
     _known("bad-mx-scale-floor", "zero-blocks", "mx_scale_floor_after_pow2", "ocp-mxfp8-e4m3", families=("amax",)),
     _known("bad-mx-scale-div-0.75", "scale-rounding", "mx_scale_divided_by_0.75", "ocp-mxfp4", families=("bf16",)),
+    _known("bad-fp8-divide-amax-over-max", "mul-vs-div", "fp8_divide_by_amax_over_max", "fp8-tensorwise",
+           families=("magnitude",)),
     # seeded cases: one convention of a released library each
     _seeded("seeded-log2-input", "exponent", "mx.exponent_source=log2_input", "mxfp8", "mx",
             {"exponent_source": "log2_input"}, ("bf16", "amax"), "torchao 0.7-0.9 to_mx on bf16 tensors"),

@@ -34,10 +34,12 @@ import torch
 from mxcheck.diagnose.behaviour import Behaviour
 from mxcheck.formats import FloatFormat, decode_table, encode_bits
 from mxcheck.recipes import OperandSpec
+from mxcheck.scaling.fp8 import FP8Tensor
 from mxcheck.scaling.mx import MXTensor
 from mxcheck.scaling.rules import E8M0_NAN
 
-__all__ = ["MX_SCALE_FLOOR", "SCALE_VALUE_FAILURES", "BlockScaledValues", "mx_scale_divided", "mx_scale_floored"]
+__all__ = ["MX_SCALE_FLOOR", "SCALE_VALUE_FAILURES", "BlockScaledValues", "fp8_divide_by_amax_over_max", "mx_scale_divided",
+           "mx_scale_floored"]
 
 MX_SCALE_FLOOR = 1e-10  # brevitas quant/float_base.py:24 scaling_min_val
 SCALE_DIVISOR = 0.75  # issue 42: "a scale divided by 0.75"
@@ -70,10 +72,26 @@ class BlockScaledValues:
 ScaleOf = Callable[[torch.Tensor, int, torch.dtype], torch.Tensor]
 
 
+def _values_under(x: torch.Tensor, scale: torch.Tensor, block_size: int, fmt: FloatFormat, rounding: str,
+                  dtype: torch.dtype) -> BlockScaledValues:
+    """x (2D, blocks of ``block_size`` along its last axis) quantized under ``scale`` (one per
+    block, in ``dtype``): x / scale rounded in ``dtype``, encoded with ``rounding``, saturating."""
+    quotient = (x.to(dtype).unflatten(-1, (-1, block_size)) / scale.unsqueeze(-1)).flatten(-2).to(torch.float32)
+    lost = ~torch.isfinite(quotient)
+    codes = encode_bits(torch.where(lost, 0.0, quotient), fmt, rounding, True)
+    return BlockScaledValues(codes, scale, lost, fmt, block_size, dtype)
+
+
+def _unless_same(out: BlockScaledValues, q: Any) -> BlockScaledValues | None:
+    same = torch.equal(out.dequantize().view(torch.int32), q.dequantize().to(out.dtype).to(torch.float32)
+                       .view(torch.int32))
+    return None if same else out  # the quantized tensor's own values: the behaviour changes nothing
+
+
 def _scaled_by(scale_of: ScaleOf, arithmetic: torch.dtype | None) -> Callable[..., Any]:
-    """The behaviour: q's own exponents e (so conventions apply first), the block scale
-    ``scale_of(e, emax, dtype)``, then x / scale rounded in ``dtype`` (the arithmetic's, the
-    input's where ``arithmetic`` is None), encoded with q's rounding, saturating."""
+    """The MX behaviour: q's own exponents e (so conventions apply first), the block scale
+    ``scale_of(e, emax, dtype)``, x quantized under it in ``dtype`` (the arithmetic's, the
+    input's where ``arithmetic`` is None)."""
     def run(x: torch.Tensor, spec: OperandSpec, q: Any) -> Any:
         if not (isinstance(q, MXTensor) and not q.block_2d and q.hadamard is None and q.rounding != "sr"
                 and x.ndim == 2 and q.axis in (-1, 1) and tuple(q.codes.shape) == tuple(x.shape)
@@ -82,13 +100,23 @@ def _scaled_by(scale_of: ScaleOf, arithmetic: torch.dtype | None) -> Callable[..
         dtype = x.dtype if arithmetic is None else arithmetic
         scale = scale_of(q.scales.to(torch.float32) - 127, q.fmt.emax, dtype).to(dtype)
         scale = torch.where(q.scales == E8M0_NAN, torch.nan, scale)
-        quotient = (x.to(dtype).unflatten(-1, (-1, q.block_size)) / scale.unsqueeze(-1)).flatten(-2).to(torch.float32)
-        lost = ~torch.isfinite(quotient)
-        codes = encode_bits(torch.where(lost, 0.0, quotient), q.fmt, q.rounding, True)
-        out = BlockScaledValues(codes, scale, lost, q.fmt, q.block_size, dtype)
-        if torch.equal(out.dequantize().view(torch.int32), q.dequantize().to(dtype).to(torch.float32).view(torch.int32)):
-            return None  # a power-of-two scale on every block: the MX tensor's own values
-        return out
+        return _unless_same(_values_under(x, scale, q.block_size, q.fmt, q.rounding, dtype), q)
+    return run
+
+
+def fp8_divide_by_amax_over_max(floor: float) -> Callable[..., Any]:
+    """FP8 tensorwise: s = max(amax, floor) / fp8_max, x / s, and codes * s, all in the input's
+    dtype (the floor too): a scale that is not the reciprocal of fp8_max / amax, and an Inf amax
+    (s = Inf: x / Inf * Inf) or a float16 zero tensor (s = 0) NaN throughout."""
+    def run(x: torch.Tensor, spec: OperandSpec, q: Any) -> Any:
+        if not (isinstance(q, FP8Tensor) and q.granularity == "tensor" and spec.rounding == "rne" and x.ndim == 2
+                and tuple(q.codes.shape) == tuple(x.shape) and x.numel()):
+            return None
+        dtype = x.dtype
+        amax = x.abs().amax().to(dtype)  # NaN propagates, as torch's max does
+        s = torch.maximum(amax, torch.tensor(floor, dtype=dtype)) / torch.tensor(q.fmt.max, dtype=dtype)
+        scale = torch.where(torch.isnan(amax), torch.nan, s).expand(x.shape[0], 1)
+        return _unless_same(_values_under(x, scale, x.shape[-1], q.fmt, "rne", dtype), q)
     return run
 
 
@@ -123,6 +151,11 @@ SCALE_VALUE_FAILURES: tuple[Behaviour, ...] = (
     Behaviour("mx_scale_in_input_dtype", "MX block scale 2^e computed in the input's dtype: where it underflows to 0 "
               "or overflows to Inf there (float16; bf16 at 2^128) the block is x / 0 times 0, NaN", "quantize",
               mx_scale_floored(None)),
+    Behaviour("fp8_divide_by_amax_over_max", f"FP8 tensorwise scale max(amax, {MX_SCALE_FLOOR:g}) / fp8_max, x divided "
+              "by it and the product taken in the input's dtype (not x * (fp8_max / amax)): one Inf makes the tensor "
+              "NaN, and so does a float16 zero tensor", "quantize", fp8_divide_by_amax_over_max(MX_SCALE_FLOOR), (),
+              "brevitas 0.13.3-0.13.4 quant/float_base.py:24-48 (FloatScaling, scaling_min_val 1e-10), "
+              "core/quant/float.py:69-79"),
     Behaviour("mx_scale_divided_by_0.75", f"MX block scale 2^e divided by {SCALE_DIVISOR:g} (a scale no E8M0 byte "
               "holds: every block on a grid 4/3 coarser)", "quantize", mx_scale_divided(SCALE_DIVISOR), (),
               "issue 42 (reported, no public library found)"),

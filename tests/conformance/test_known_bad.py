@@ -65,6 +65,7 @@ EXPECTED = {
     # MX scales that are no power of two (values-level failures: fake-quant kernels)
     "bad-mx-scale-floor": ("ocp-mxfp8-e4m3", "quantize", "mx_scale_floor_after_pow2"),
     "bad-mx-scale-div-0.75": ("ocp-mxfp4", "quantize", "mx_scale_divided_by_0.75"),
+    "bad-fp8-divide-amax-over-max": ("fp8-tensorwise", "quantize", "fp8_divide_by_amax_over_max"),
 }
 # The seeded bugs that lose whole tensors, and an input of the magnitude family each loses
 # as the issue measured it (a gradient magnitude; float16 under 0.041): their failure opens
