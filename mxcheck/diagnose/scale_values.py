@@ -149,7 +149,7 @@ SCALE_VALUE_FAILURES: tuple[Behaviour, ...] = (
               "blocks round to 0); in float16 the floor is 0 and a scale outside float16's range makes the block NaN",
               "quantize", mx_scale_floored(MX_SCALE_FLOOR), (), _BREVITAS),
     Behaviour("mx_scale_in_input_dtype", "MX block scale 2^e computed in the input's dtype: where it underflows to 0 "
-              "or overflows to Inf there (float16; bf16 at 2^128) the block is x / 0 times 0, NaN", "quantize",
+              "or overflows to Inf there (float16; bf16 at 2^128) the block is x / 0 times 0 (or x / Inf times Inf): NaN", "quantize",
               mx_scale_floored(None)),
     Behaviour("fp8_divide_by_amax_over_max", f"FP8 tensorwise scale max(amax, {MX_SCALE_FLOOR:g}) / fp8_max, x divided "
               "by it and the product taken in the input's dtype (not x * (fp8_max / amax)): one Inf makes the tensor "
