@@ -618,10 +618,10 @@ class FP8RowwiseZeroRowEps(EmulatedBackend):
 
 
 class _MXNonPow2Scale:
-    """A fake-quant MX kernel (values only) whose block scale is ``scale(amax, emax, dtype)``
-    from the block's amax, every step in ``dtype`` (the input's where None): values are the
-    element format's RNE (saturating) cast of x / scale, times scale. Blocks whose amax is not
-    finite keep the oracle's values."""
+    """A fake-quant MX kernel (values only) whose block scale is ``scale(x blocks, oracle, emax,
+    dtype)``, every step in ``dtype`` (the input's where None): values are the element format's
+    RNE (saturating) cast of x / scale, times scale; an element whose quotient is not finite
+    (x / 0, a NaN) is NaN, as brevitas' FloatQuant makes it (round(Inf / Inf))."""
 
     name = ""
     arithmetic: torch.dtype | None = None
@@ -632,20 +632,19 @@ class _MXNonPow2Scale:
     def supports(self, recipe: Any) -> tuple[bool, str]:
         return True, ""
 
-    def scale(self, amax: torch.Tensor, emax: int, dtype: torch.dtype) -> torch.Tensor:
+    def scale(self, blocks: torch.Tensor, oracle: Any, emax: int, dtype: torch.dtype) -> torch.Tensor:
         raise NotImplementedError
 
     def fake_quantize(self, x: torch.Tensor, spec: Any, *, state: Any = None) -> torch.Tensor:
-        oracle = EmulatedBackend().quantize(x, spec, state=state).dequantize().to(x.dtype)
+        oracle = EmulatedBackend().quantize(x, spec, state=state)
         if spec.scaling != "mx" or spec.block_2d or spec.hadamard is not None or x.shape[-1] % spec.block_size:
-            return oracle
+            return oracle.dequantize().to(x.dtype)
         fmt, dtype = get_format(spec.fmt), self.arithmetic or x.dtype
         blocks = x.to(dtype).unflatten(-1, (-1, spec.block_size))
-        amax = blocks.abs().amax(-1, keepdim=True)
-        s = self.scale(amax, fmt.emax, dtype)
-        values = (decode(encode_bits((blocks / s).to(torch.float32), fmt, "rne", True), fmt).to(dtype) * s)
-        keep = torch.isfinite(amax).expand_as(blocks).flatten(-2)
-        return torch.where(keep, values.flatten(-2).to(x.dtype), oracle)
+        s = self.scale(blocks, oracle, fmt.emax, dtype)
+        quotient = (blocks / s).to(torch.float32)
+        values = decode(encode_bits(quotient, fmt, "rne", True), fmt).to(dtype) * s
+        return torch.where(torch.isfinite(quotient), values, torch.nan).flatten(-2).to(x.dtype)
 
 
 class MXScaleFloor1e10(_MXNonPow2Scale):
@@ -656,23 +655,23 @@ class MXScaleFloor1e10(_MXNonPow2Scale):
 
     name = "bad-mx-scale-floor"
 
-    def scale(self, amax, emax, dtype):
+    def scale(self, blocks, oracle, emax, dtype):
         floor = torch.tensor(1e-10, dtype=dtype)
+        amax = torch.maximum(blocks.abs().amax(-1, keepdim=True), floor)
         # the exponent of the floored amax, exact (float64 log2 of a float32, bf16 or float16)
-        pow2 = torch.exp2(torch.floor(torch.log2(torch.maximum(amax, floor).double()))).to(dtype)
+        pow2 = torch.exp2(torch.floor(torch.log2(amax.double()))).to(dtype)
         return torch.maximum(pow2, floor) / torch.tensor(2.0**emax, dtype=dtype)
 
 
 class MXScaleDividedBy075(_MXNonPow2Scale):
-    """Divides the OCP floor scale 2^(floor(log2 amax) - emax) by 0.75 in float32 (issue 42:
-    "a scale divided by 0.75"): every block on a grid 4/3 coarser than E8M0 allows."""
+    """Divides the OCP block scale (the E8M0 value) by 0.75 in float32 (issue 42: "a scale
+    divided by 0.75"): every block on a grid 4/3 coarser than E8M0 allows."""
 
     name = "bad-mx-scale-div-0.75"
     arithmetic = torch.float32
 
-    def scale(self, amax, emax, dtype):
-        e = torch.clamp(torch.floor(torch.log2(amax.double())) - emax, -127, 127)
-        return (torch.exp2(e) / 0.75).to(torch.float32)
+    def scale(self, blocks, oracle, emax, dtype):
+        return (_mx.e8m0_value(oracle.scales).to(torch.float32) / 0.75).unsqueeze(-1)
 
 
 class FP8DivideByAmaxOverMax:
@@ -694,7 +693,9 @@ class FP8DivideByAmaxOverMax:
         fmt = get_format(spec.fmt)
         amax = torch.clamp_min(x.abs().amax(), torch.tensor(1e-10, dtype=x.dtype))
         scale = amax / torch.tensor(fmt.max, dtype=x.dtype)
-        return decode(encode_bits((x / scale).to(torch.float32), fmt, "rne", True), fmt).to(x.dtype) * scale
+        quotient = (x / scale).to(torch.float32)  # x / 0 or a NaN: NaN, as brevitas' FloatQuant
+        values = decode(encode_bits(quotient, fmt, "rne", True), fmt).to(x.dtype) * scale
+        return torch.where(torch.isfinite(quotient), values, torch.nan).to(x.dtype)
 
 
 KNOWN_BAD: dict[str, type[Any]] = {c.name: c for c in (NibbleSwap, WrongScaleRule, StaleWeight, Bf16Fallback,
