@@ -14,7 +14,7 @@ import torch
 
 from mxcheck.backends.emulated import EmulatedBackend
 from mxcheck.diagnose.accumulation import HOPPER_FAST_ACCUMULATION
-from mxcheck.formats import FloatFormat, decode_table, encode_bits, get_format
+from mxcheck.formats import FloatFormat, decode, decode_table, encode_bits, get_format
 from mxcheck.profiles import FP8Profile, NVFP4Profile, Profile
 from mxcheck.scaling import fp8 as _fp8
 from mxcheck.scaling import mx as _mx
@@ -432,9 +432,10 @@ class _MXValuesAtScale:
         return (decode_table(q.fmt)[codes.to(torch.int64)] * s).to(x.dtype)
 
 
-class MXScaleFloor1e10(_MXValuesAtScale):
-    """An MX block scale floored at 1e-10 after the power-of-two rule: max(2^e, 1e-10), not
-    a power of two, for every block whose scale falls below it (e4m3: amax below 2^-25),
+class MXScaleFlooredAt1e10(_MXValuesAtScale):
+    """An MX block scale floored at 1e-10 after the power-of-two rule: max(2^e, 1e-10) on the
+    scale itself (brevitas floors 2^floor(log2 amax) before the division by 2^emax:
+    ``mx_scale_floor_after_pow2``), not a power of two, for every block whose scale falls below it (e4m3: amax below 2^-25),
     whose small values then round to 0 (a released QAT library's clamp (issue 42; measured,
     not named))."""
 
@@ -444,15 +445,16 @@ class MXScaleFloor1e10(_MXValuesAtScale):
         return torch.clamp(pow2, min=torch.tensor(1e-10, dtype=torch.float32))
 
 
-class MXScaleOverThreeQuarters(_MXValuesAtScale):
-    """An MX block scale divided by 0.75 (2^e / 0.75 in float32, 4/3 of the power of two):
-    every value lies on the element grid at a scale that is not a power of two (a released
-    QAT library (issue 42; measured, not named))."""
+class MXScaleOverFourFifths(_MXValuesAtScale):
+    """An MX block scale divided by 0.8 (2^e / 0.8 in float32, 5/4 of the power of two): every
+    value lies on the element grid at a scale that is not a power of two, and no catalogue
+    behaviour says so (the catalogue's ``mx_scale_divided_by_0.75`` is another ratio): the
+    cause is the field relation on the block scale."""
 
-    name = "bad-mx-scale-over-0.75"
+    name = "bad-mx-scale-over-0.8"
 
     def scale_of(self, pow2):
-        return pow2 / 0.75
+        return pow2 / 0.8
 _SCALES_IN_THE_EPILOGUE = {"tensor", "row", "delayed"}  # FP8 scalings a wgmma leaves to the epilogue
 
 
@@ -676,6 +678,87 @@ class FP8RowwiseZeroRowEps(EmulatedBackend):
                                  power_of_2=spec.power_of_2, eps=1e-12)
 
 
+class _MXNonPow2Scale:
+    """A fake-quant MX kernel (values only) whose block scale is ``scale(x blocks, oracle, emax,
+    dtype)``, every step in ``dtype`` (the input's where None): values are the element format's
+    RNE (saturating) cast of x / scale, times scale; an element whose quotient is not finite
+    (x / 0, a NaN) is NaN, as brevitas' FloatQuant makes it (round(Inf / Inf))."""
+
+    name = ""
+    arithmetic: torch.dtype | None = None
+
+    def available(self) -> tuple[bool, str]:
+        return True, ""
+
+    def supports(self, recipe: Any) -> tuple[bool, str]:
+        return True, ""
+
+    def scale(self, blocks: torch.Tensor, oracle: Any, emax: int, dtype: torch.dtype) -> torch.Tensor:
+        raise NotImplementedError
+
+    def fake_quantize(self, x: torch.Tensor, spec: Any, *, state: Any = None) -> torch.Tensor:
+        oracle = EmulatedBackend().quantize(x, spec, state=state)
+        if spec.scaling != "mx" or spec.block_2d or spec.hadamard is not None or x.shape[-1] % spec.block_size:
+            return oracle.dequantize().to(x.dtype)
+        fmt, dtype = get_format(spec.fmt), self.arithmetic or x.dtype
+        blocks = x.to(dtype).unflatten(-1, (-1, spec.block_size))
+        s = self.scale(blocks, oracle, fmt.emax, dtype)
+        quotient = (blocks / s).to(torch.float32)
+        values = decode(encode_bits(quotient, fmt, "rne", True), fmt).to(dtype) * s
+        return torch.where(torch.isfinite(quotient), values, torch.nan).flatten(-2).to(x.dtype)
+
+
+class MXScaleFloor1e10(_MXNonPow2Scale):
+    """Floors the MX block scale at 1e-10 after its power-of-two restriction, in the input's
+    dtype: scale = max(2^floor(log2 max(amax, 1e-10)), 1e-10) / 2^emax (brevitas 0.13.4's
+    RuntimeDynamicGroupStatsScaling). A float32 block under 2^-33 gets a scale no E8M0 byte
+    holds; in float16 the floor is 0 and a zero or tiny block is NaN."""
+
+    name = "bad-mx-scale-floor"
+
+    def scale(self, blocks, oracle, emax, dtype):
+        floor = torch.tensor(1e-10, dtype=dtype)
+        amax = torch.maximum(blocks.abs().amax(-1, keepdim=True), floor)
+        # the exponent of the floored amax, exact (float64 log2 of a float32, bf16 or float16)
+        pow2 = torch.exp2(torch.floor(torch.log2(amax.double()))).to(dtype)
+        return torch.maximum(pow2, floor) / torch.tensor(2.0**emax, dtype=dtype)
+
+
+class MXScaleDividedBy075(_MXNonPow2Scale):
+    """Divides the OCP block scale (the E8M0 value) by 0.75 in float32 (issue 42: "a scale
+    divided by 0.75"): every block on a grid 4/3 coarser than E8M0 allows."""
+
+    name = "bad-mx-scale-div-0.75"
+    arithmetic = torch.float32
+
+    def scale(self, blocks, oracle, emax, dtype):
+        return (_mx.e8m0_value(oracle.scales).to(torch.float32) / 0.75).unsqueeze(-1)
+
+
+class FP8DivideByAmaxOverMax:
+    """A fake-quant FP8 tensorwise kernel (values only) that divides x by amax / fp8_max and
+    multiplies back, in the input's dtype, amax floored at 1e-10 there (brevitas 0.13.4's
+    Fp8e4m3OCPWeightPerTensorFloat): not x * (fp8_max / amax) in float32 as the oracle."""
+
+    name = "bad-fp8-divide-amax-over-max"
+
+    def available(self) -> tuple[bool, str]:
+        return True, ""
+
+    def supports(self, recipe: Any) -> tuple[bool, str]:
+        return True, ""
+
+    def fake_quantize(self, x: torch.Tensor, spec: Any, *, state: Any = None) -> torch.Tensor:
+        if spec.scaling != "tensor":
+            return EmulatedBackend().quantize(x, spec, state=state).dequantize().to(x.dtype)
+        fmt = get_format(spec.fmt)
+        amax = torch.clamp_min(x.abs().amax(), torch.tensor(1e-10, dtype=x.dtype))
+        scale = amax / torch.tensor(fmt.max, dtype=x.dtype)
+        quotient = (x / scale).to(torch.float32)  # x / 0 or a NaN: NaN, as brevitas' FloatQuant
+        values = decode(encode_bits(quotient, fmt, "rne", True), fmt).to(x.dtype) * scale
+        return torch.where(torch.isfinite(quotient), values, torch.nan).to(x.dtype)
+
+
 KNOWN_BAD: dict[str, type[Any]] = {c.name: c for c in (NibbleSwap, WrongScaleRule, StaleWeight, Bf16Fallback,
                                                         NanToZero, DropsBias, GarbageUnlessKMod256,
                                                         HalfAwayForRne, TruncForRne, Float32Log2Scale, Float16Log2Overflow,
@@ -690,7 +773,9 @@ KNOWN_BAD: dict[str, type[Any]] = {c.name: c for c in (NibbleSwap, WrongScaleRul
                                                         NVFP4SpecialBlockZeroed, MXDivideByUnderflowedPow2,
                                                         MXZeroBlockNaNFloat16, MXSubnormalAmaxFloat16,
                                                         MXZeroBlockByte85, FP8RowwiseZeroRowEps,
-                                                        MXScaleFloor1e10, MXScaleOverThreeQuarters)}
+                                                        MXScaleFlooredAt1e10, MXScaleOverFourFifths,
+                                                        MXScaleFloor1e10, MXScaleDividedBy075,
+                                                        FP8DivideByAmaxOverMax)}
 
 
 # ---- a fake-quant seeded bug modelled on AMD Quark's MX floor mode (values only) ----

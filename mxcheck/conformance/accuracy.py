@@ -48,7 +48,7 @@ from mxcheck.conformance.values import (
 from mxcheck.diagnose import CATALOGUE
 from mxcheck.diagnose import quantize as diagnose_quantize
 from mxcheck.diagnose.catalogue import QUANTIZE_BEHAVIOURS
-from mxcheck.recipes import RECIPES
+from mxcheck.recipes import get_recipe
 
 __all__ = ["CASES", "CLASSES", "QUICK", "ClassScore", "LabelledCase", "Outcome", "headline", "run_case",
            "run_cases", "score"]
@@ -164,7 +164,11 @@ CASES: tuple[LabelledCase, ...] = (
     _known("bad-fp8-rowwise-zero-eps", "zero-blocks", "fp8_eps_floor", "fp8-rowwise", families=("zeros",)),
     # values backends whose truth is a field relation on the block scale their values lie at
     _known("bad-mx-scale-floor-1e-10", "zero-blocks", "scale: constant 1e-10", "mxfp8", families=("magnitude",)),
-    _known("bad-mx-scale-over-0.75", "scale-rounding", "scale: times 4/3", "mxfp8", families=("magnitude",)),
+    _known("bad-mx-scale-over-0.8", "scale-rounding", "scale: times 5/4", "mxfp8", families=("magnitude",)),
+    _known("bad-mx-scale-floor", "zero-blocks", "mx_scale_floor_after_pow2", "ocp-mxfp8-e4m3", families=("amax",)),
+    _known("bad-mx-scale-div-0.75", "scale-rounding", "mx_scale_divided_by_0.75", "ocp-mxfp4", families=("bf16",)),
+    _known("bad-fp8-divide-amax-over-max", "mul-vs-div", "fp8_divide_by_amax_over_max", "fp8-tensorwise",
+           families=("magnitude",)),
     # seeded cases: one convention of a released library each
     _seeded("seeded-log2-input", "exponent", "mx.exponent_source=log2_input", "mxfp8", "mx",
             {"exponent_source": "log2_input"}, ("bf16", "amax"), "torchao 0.7-0.9 to_mx on bf16 tensors"),
@@ -276,7 +280,7 @@ class Outcome:
 def _quantize_diffs(case: LabelledCase, quick: bool) -> tuple[list[Any], bool]:
     """The differing comparisons of check_quantize on the case's backend (its families only
     when ``quick``), each attributed as the check does; and whether any tensor is lost."""
-    backend, recipe = case.backend(), RECIPES[case.recipe]
+    backend, recipe = case.backend(), get_recipe(case.recipe)
     accepted = tuple(getattr(backend, "input_dtypes", DEFAULT_INPUT_DTYPES))
     differing: list[Any] = []
     verdicts: list[Any] = []
@@ -304,7 +308,7 @@ def run_case(case: LabelledCase, *, quick: bool = False) -> Outcome:
         failed, named = bool(diffs) or lost, headline(diffs)
     else:
         try:
-            CHECKS[case.check](case.backend(), RECIPES[case.recipe], torch.Generator().manual_seed(0))
+            CHECKS[case.check](case.backend(), get_recipe(case.recipe), torch.Generator().manual_seed(0))
             failed, named = False, ()
         except NumericsError as e:
             failed, named = True, _message_headline(str(e), case.truth)

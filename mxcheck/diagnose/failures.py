@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from mxcheck.diagnose.behaviour import Behaviour
+from mxcheck.diagnose.scale_values import SCALE_VALUE_FAILURES
 from mxcheck.formats import FloatFormat, encode_bits, get_format
 from mxcheck.gemm import quantize_operand
 from mxcheck.recipes import OperandSpec
@@ -300,4 +301,6 @@ FAILURES: tuple[Behaviour, ...] = (
               _inf_block_byte_127, (), "a released NVFP4 library (measured, not named)"),
     Behaviour("nan_whole_tensor", "a NaN spreads over the whole tensor (every scale NaN)", "quantize",
               _nan_whole_tensor),
+    # last: values-level (their result is no MXTensor, so no failure above may follow them)
+    *SCALE_VALUE_FAILURES,
 )

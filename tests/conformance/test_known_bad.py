@@ -64,9 +64,13 @@ EXPECTED = {
     "bad-fp8-rowwise-zero-eps": ("fp8-rowwise", "quantize", "fp8_eps_floor"),
     # values kernels whose cause is a field relation on the block scale (stated, not a behaviour)
     "bad-mx-scale-floor-1e-10": ("mxfp8", "quantize", "at a block scale of 1e-10, not a power of two"),
-    "bad-mx-scale-over-0.75": ("mxfp8", "quantize", "at a block scale of the oracle's times 4/3"),
+    "bad-mx-scale-over-0.8": ("mxfp8", "quantize", "at a block scale of the oracle's times 5/4"),
     # AMD Quark's residuals (a fake-quant kernel: values only)
     "bad-mx-float-scale": ("mxfp4-1x32", "quantize", "mx.scale_storage=input_dtype"),
+    # MX scales that are no power of two (values-level failures: fake-quant kernels)
+    "bad-mx-scale-floor": ("ocp-mxfp8-e4m3", "quantize", "mx_scale_floor_after_pow2"),
+    "bad-mx-scale-div-0.75": ("ocp-mxfp4", "quantize", "mx_scale_divided_by_0.75"),
+    "bad-fp8-divide-amax-over-max": ("fp8-tensorwise", "quantize", "fp8_divide_by_amax_over_max"),
 }
 # The seeded bugs that lose whole tensors, and an input of the magnitude family each loses
 # as the issue measured it (a gradient magnitude; float16 under 0.041): their failure opens
