@@ -445,16 +445,16 @@ class MXScaleFlooredAt1e10(_MXValuesAtScale):
         return torch.clamp(pow2, min=torch.tensor(1e-10, dtype=torch.float32))
 
 
-class MXScaleOverFourFifths(_MXValuesAtScale):
-    """An MX block scale divided by 0.8 (2^e / 0.8 in float32, 5/4 of the power of two): every
+class MXScaleOverThreeFifths(_MXValuesAtScale):
+    """An MX block scale divided by 0.6 (2^e / 0.6 in float32, 5/3 of the power of two): every
     value lies on the element grid at a scale that is not a power of two, and no catalogue
     behaviour says so (the catalogue's ``mx_scale_divided_by_0.75`` is another ratio): the
     cause is the field relation on the block scale."""
 
-    name = "bad-mx-scale-over-0.8"
+    name = "bad-mx-scale-over-0.6"
 
     def scale_of(self, pow2):
-        return pow2 / 0.8
+        return pow2 / 0.6
 _SCALES_IN_THE_EPILOGUE = {"tensor", "row", "delayed"}  # FP8 scalings a wgmma leaves to the epilogue
 
 
@@ -773,7 +773,7 @@ KNOWN_BAD: dict[str, type[Any]] = {c.name: c for c in (NibbleSwap, WrongScaleRul
                                                         NVFP4SpecialBlockZeroed, MXDivideByUnderflowedPow2,
                                                         MXZeroBlockNaNFloat16, MXSubnormalAmaxFloat16,
                                                         MXZeroBlockByte85, FP8RowwiseZeroRowEps,
-                                                        MXScaleFlooredAt1e10, MXScaleOverFourFifths,
+                                                        MXScaleFlooredAt1e10, MXScaleOverThreeFifths,
                                                         MXScaleFloor1e10, MXScaleDividedBy075,
                                                         FP8DivideByAmaxOverMax)}
 

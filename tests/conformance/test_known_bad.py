@@ -64,7 +64,7 @@ EXPECTED = {
     "bad-fp8-rowwise-zero-eps": ("fp8-rowwise", "quantize", "fp8_eps_floor"),
     # values kernels whose cause is a field relation on the block scale (stated, not a behaviour)
     "bad-mx-scale-floor-1e-10": ("mxfp8", "quantize", "at a block scale of 1e-10, not a power of two"),
-    "bad-mx-scale-over-0.8": ("mxfp8", "quantize", "at a block scale of the oracle's times 5/4"),
+    "bad-mx-scale-over-0.6": ("mxfp8", "quantize", "at a block scale of the oracle's times 5/3"),
     # AMD Quark's residuals (a fake-quant kernel: values only)
     "bad-mx-float-scale": ("mxfp4-1x32", "quantize", "mx.scale_storage=input_dtype"),
     # MX scales that are no power of two (values-level failures: fake-quant kernels)
