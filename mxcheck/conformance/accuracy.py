@@ -176,6 +176,15 @@ CASES: tuple[LabelledCase, ...] = (
             {"multiply_dtype": "input"}, ("magnitude",), "torchao 0.5 _ToFloat8ConstrFunc"),
     _seeded("seeded-nvfp4-zero-sign", "element-rounding", "nvfp4.zero_sign=negative_values", "nvfp4", "nvfp4",
             {"zero_sign": "negative_values"}, ("neg-zero", "bf16"), "TE reference_nvfp4.py, ModelOpt _cast_fp4"),
+    # compressed-tensors 0.20 (helpers.py generate_gparam, calculate_qparams): scale arithmetic in the input's dtype
+    _seeded("seeded-nvfp4-input-dtype-factor", "narrow-scale", "nvfp4.encode_factor=input_dtype", "nvfp4", "nvfp4",
+            {"encode_factor": "input_dtype"}, ("magnitude",), "compressed-tensors 0.20 generate_gparam"),
+    _seeded("seeded-nvfp4-input-dtype-block-quotient", "narrow-scale", "nvfp4.block_scale=factor_times_input_quotient",
+            "nvfp4", "nvfp4", {"block_scale": "factor_times_input_quotient"}, ("magnitude",),
+            "compressed-tensors 0.20 calculate_qparams"),
+    _seeded("seeded-fp8-input-dtype-quotient", "narrow-scale", "tensor.scale_arithmetic=input_quotient", "fp8",
+            "tensor", {"scale_arithmetic": "input_quotient"}, ("magnitude",),
+            "compressed-tensors 0.20 calculate_qparams, _quantize"),
 )
 
 QUICK: tuple[str, ...] = ("bad-nvfp4-reciprocal-encode", "bad-nvfp4-uncapped-encode", "bad-zero-block-byte")
