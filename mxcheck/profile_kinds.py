@@ -119,7 +119,8 @@ def _uncapped_factor(amax, dtype=torch.float32):
 
 def _input_dtype_factor(amax, dtype=torch.float32):
     # compressed-tensors 0.20 quantization/utils/helpers.py::generate_gparam: 2688 / max(amax,
-    # finfo(dtype).tiny) in the input's dtype, NaN and +-Inf replaced by 1 (an Inf amax gives
+    # finfo(dtype).tiny) in the input's dtype (torch evaluates float / tensor as the reciprocal
+    # times 2688, each rounded to that dtype), NaN and +-Inf replaced by 1 (an Inf amax gives
     # 0, kept); it stores S_enc, so the decode scale is its float32 reciprocal (Inf for 0).
     a = amax.to(dtype)
     s_enc = torch.nan_to_num(_E4M3_X_E2M1_MAX / torch.clamp(a, min=torch.finfo(dtype).tiny), nan=1.0, posinf=1.0,

@@ -157,6 +157,7 @@ CASES: tuple[LabelledCase, ...] = (
     _known("bad-zero-block-byte", "zero-blocks", "mx.zero_scale=85", "mxfp8", families=("zeros",)),
     _known("bad-fp16-log2-overflow", "exponent", "mx.exponent_source=log2_input", "mxfp8", families=("magnitude",)),
     _known("bad-fp8-rowwise-zero-eps", "zero-blocks", "fp8_eps_floor", "fp8-rowwise", families=("zeros",)),
+    _known("bad-mx-overflow-byte-127", "reciprocal", "mx_overflow_scale_byte_127", "mxfp8", families=("magnitude",)),
     # seeded cases: one convention of a released library each
     _seeded("seeded-log2-input", "exponent", "mx.exponent_source=log2_input", "mxfp8", "mx",
             {"exponent_source": "log2_input"}, ("bf16", "amax"), "torchao 0.7-0.9 to_mx on bf16 tensors"),
