@@ -48,6 +48,19 @@ def test_the_input_dtype_encode_factor_is_2688_over_amax_in_that_dtype(dtype, am
     assert ts.item() == (math.inf if s_enc == 0 else float(np.float32(1) / np.float32(s_enc)))
 
 
+def test_a_negative_value_scaled_to_minus_zero_gets_a_positive_zero_code():
+    # an Inf amax: S_enc = 2688 / Inf = 0, so every finite element is x / (s / 0) = x / Inf = -0
+    # for x < 0; ModelOpt's _cast_fp4 (weight < 0) and compressed-tensors' cast_to_fp4 (sign(x),
+    # here 0) both read the scaled value's sign: code 0x0, where x's own sign would give 0x8
+    x = torch.zeros(1, 32)
+    x[0, :3] = torch.tensor([math.inf, -1.0, 2.0])
+    x[0, 16:18] = torch.tensor([-3.0, 0.5])
+    q = NVFP4Profile("t", zero_sign="negative_values", encode_factor="input_dtype",
+                     element_scale="divide_product").quantized(x)
+    assert math.isinf(q.tensor_scale.item())
+    assert q.codes[0, 1:3].tolist() == [0x0, 0x0] and q.codes[0, 16:18].tolist() == [0x0, 0x0]
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_the_input_quotient_block_scale_rounds_amax_over_6_to_the_inputs_dtype_first(dtype):
     # calculate_qparams: global_scale * (max_val_pos / 6), the quotient in x's dtype
@@ -76,6 +89,15 @@ def test_the_input_quotient_fp8_scale_is_amax_over_448_in_the_inputs_dtype(dtype
     want = scaled.astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
     assert q.codes.numpy().tolist() == want.tolist()
     assert q.codes[0, :3].tolist() == [0x00, 0x00 if dtype is torch.float16 else 0x80, 0x00]
+
+
+def test_an_fp8_product_that_underflows_its_dtype_to_minus_zero_gets_a_positive_zero_code():
+    # float16 -2^-24 * (448 / 60000) = -4.5e-10 is -0 in float16 (-2^-14 gives -4.6e-7, an e4m3
+    # -0): "negative values" reads the value encoded, as the NVFP4 profile does (x's own sign
+    # would give 0x80)
+    x = torch.tensor([[60000.0, -(2.0**-24), -(2.0**-14)] + [0.0] * 29], dtype=torch.float16)
+    q = FP8Profile("t", zero_sign="negative_values", multiply_dtype="input").quantized(x, "e4m3")
+    assert q.codes[0, 1].item() == 0x00 and q.codes[0, 2].item() == 0x80
 
 
 def test_an_fp8_zero_tensor_gets_the_dtypes_eps_as_its_scale():
