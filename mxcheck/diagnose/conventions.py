@@ -206,7 +206,9 @@ CONVENTIONS: tuple[Convention, ...] = (
       for value, title, seen in (
           ("never", "-0 lost: every zero code is +0", "microxcaling"),
           ("negative_values", "the zero code's sign from x < 0 (-0.0 gives +0)",
-           f"{_TE_REF}, ModelOpt _cast_fp4"))),
+           f"{_TE_REF}, ModelOpt _cast_fp4"),
+          ("zero_negative", "the zero code's sign from x <= 0 (an exact zero of either sign gives -0)",
+           "ModelOpt 0.47.0 torch/quantization/qtensor/mxfp4_tensor.py:46-52 (cast_fp4)"))),
     *(Convention(NVFP4Profile, "block_scale_rounding", value, f"{title} in the elements and the ue4m3 block "
                  "scales (one rounding helper for both)", (), "", (("rounding", value),))
       for value, title in (("half_away", "ties rounded away from zero"), ("trunc", "truncation toward zero"),
