@@ -76,3 +76,23 @@ def test_the_mx_overflow_failure_reproduces_compressed_tensors_bits(dtype, amax)
     assert torch.equal(want.scales, got.scales) and torch.equal(want.codes, got.codes)
 
 
+
+
+def test_zero_negative_reproduces_modelopt_mxfp4_bits():
+    """ModelOpt (0.47.0 in /work/venv-mo-A) MXFP4QTensor.quantize: every exact zero gets code 0x8."""
+    pytest.importorskip("modelopt")
+    from mxcheck.backends import get
+    from mxcheck.profiles import Profile
+
+    backend = get("modelopt")
+    ok, why = backend.available()
+    if not ok:
+        pytest.skip(why)
+    recipe = next(r for r in backend.claims if r.name == "modelopt-mxfp4")
+    x = _draw(torch.bfloat16, 4.6, 8, 64)
+    x[:, ::3] = 0.0
+    x[0] = 0.0
+    got = backend.quantize(x, recipe.x_row)
+    want = Profile("modelopt", scale_rule="rceil", exponent_source="log2_fp32", rounding="half_zero",
+                   zero_sign="zero_negative").quantized(x, "e2m1")
+    assert torch.equal(want.scales, got.scales) and torch.equal(want.codes, got.codes)

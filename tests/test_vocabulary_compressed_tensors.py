@@ -17,6 +17,7 @@ from mxcheck.conformance.accuracy import CASES, run_case
 from mxcheck.diagnose.failures import FAILURES
 from mxcheck.gemm import quantize_operand
 from mxcheck.profile_kinds import ENCODE_FACTORS, FP8Profile, NVFP4Profile
+from mxcheck.profiles import Profile
 from mxcheck.recipes import OperandSpec
 
 pytestmark = pytest.mark.emulated
@@ -132,8 +133,19 @@ def test_a_block_one_binade_below_the_overflow_is_left_alone():
 # ---- the seeded cases: each named by its true cause ------------------------------------------
 
 
+def test_zero_negative_gives_every_exact_zero_the_negative_zero_code():
+    # ModelOpt MXFP4 cast_fp4: sign_bit = (2 - sign(x)) // 2, 1 for x = +-0 and x < 0, 0 for x > 0;
+    # at scale 2^0 (amax 4): 0.01 and -0.01 round to zero codes 0x0 and 0x8, +0 and -0 to 0x8
+    x = torch.zeros(1, 32)
+    x[0, :5] = torch.tensor([4.0, 0.0, -0.0, -0.01, 0.01])
+    codes, scales = Profile("t", zero_sign="zero_negative").quantize(x, "e2m1")
+    assert scales.tolist() == [[127]] and codes[0, :5].tolist() == [0x6, 0x8, 0x8, 0x8, 0x0]
+    assert codes[0, 5:].eq(0x8).all()
+
+
 @pytest.mark.parametrize("name", ["seeded-nvfp4-input-dtype-factor", "seeded-nvfp4-input-dtype-block-quotient",
-                                  "seeded-fp8-input-dtype-quotient", "bad-mx-overflow-byte-127"])
+                                  "seeded-fp8-input-dtype-quotient", "bad-mx-overflow-byte-127",
+                                  "seeded-mx-zero-negative"])
 def test_a_compressed_tensors_case_is_headed_by_its_true_cause(name):
     case = next(c for c in CASES if c.name == name)
     outcome = run_case(case, quick=True)

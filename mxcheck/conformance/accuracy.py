@@ -186,6 +186,8 @@ CASES: tuple[LabelledCase, ...] = (
     _seeded("seeded-fp8-input-dtype-quotient", "narrow-scale", "tensor.scale_arithmetic=input_quotient", "fp8",
             "tensor", {"scale_arithmetic": "input_quotient"}, ("magnitude",),
             "compressed-tensors 0.20 calculate_qparams, _quantize"),
+    _seeded("seeded-mx-zero-negative", "element-rounding", "mx.zero_sign=zero_negative", "mxfp8", "mx",
+            {"zero_sign": "zero_negative"}, ("zeros", "one-nonzero"), "ModelOpt 0.46-0.47 MXFP4 cast_fp4"),
 )
 
 QUICK: tuple[str, ...] = ("bad-nvfp4-reciprocal-encode", "bad-nvfp4-uncapped-encode", "bad-zero-block-byte")
