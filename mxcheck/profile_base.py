@@ -13,6 +13,9 @@ as the hardware casts, torchao and ``mxcheck.encode`` do):
 - ``"negative_values"``: the sign bit is ``x < 0``: -0.0 gives +0, a negative value that
   rounds to zero gives -0 (TE's ``cast_to_fp4x2`` and ModelOpt's ``_cast_fp4``).
 - ``"never"``: every zero code is +0.
+- ``"zero_negative"``: the sign bit is ``x <= 0``: an exact zero (either sign) gives -0, a
+  negative value that rounds to zero -0, a positive one +0 (ModelOpt 0.46-0.47 MXFP4
+  ``cast_fp4``: ``(2 - sign(x)) // 2`` is 1 for ``sign(x) = 0``).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from mxcheck.hadamard import get_hadamard
 
 __all__ = ["ZERO_SIGNS", "ProfileBase", "apply_zero_sign"]
 
-ZERO_SIGNS = ("source", "negative_values", "never")
+ZERO_SIGNS = ("source", "negative_values", "never", "zero_negative")
 
 
 @dataclass(frozen=True)
@@ -96,5 +99,6 @@ def apply_zero_sign(policy: str, x: torch.Tensor, codes: torch.Tensor, fmt: Floa
     zero = (codes & fmt.magnitude_mask) == 0
     if where is not None:
         zero &= where
-    sign = torch.zeros_like(codes) if policy == "never" else (x < 0).to(torch.uint8) << (fmt.bits - 1)
+    negative = {"never": torch.zeros_like(x, dtype=torch.bool), "negative_values": x < 0, "zero_negative": x <= 0}
+    sign = negative[policy].to(torch.uint8) << (fmt.bits - 1)
     return torch.where(zero, sign, codes).to(codes.dtype)

@@ -9,7 +9,9 @@ float32 per-tensor decode scale that ``NVFP4Tensor.tensor_scale`` holds):
 
 - ``block_scale`` (float32 block scale before its ue4m3 cast): ``"te"`` vec_max *
   (S_enc * fl32(1/6)) (TransformerEngine); ``"quotient"`` (vec_max / 6) / ts (torchao
-  ``nvfp4_quantize``); ``"product"`` vec_max / (6 * ts) (ModelOpt).
+  ``nvfp4_quantize``); ``"product"`` vec_max / (6 * ts) (ModelOpt);
+  ``"factor_times_input_quotient"`` S_enc * (vec_max / 6), the quotient in the input's dtype
+  (compressed-tensors).
 - ``block_scale_min``: the float32 block scale is clamped to at least this before the cast
   (torchao: E4M3_EPS = 2^-6, the smallest e4m3 normal; ModelOpt: 2^-9).
 - ``zero_block_scale``: a block scale of exactly 0 becomes this (ModelOpt: 1.0).
@@ -23,7 +25,9 @@ float32 per-tensor decode scale that ``NVFP4Tensor.tensor_scale`` holds):
 - ``encode_factor`` (the per-tensor encode factor S_enc and the decode scale ts stored):
   ``"te"`` min(2688 / amax, FLT_MAX), ts = amax / 2688 (the oracle); ``"reciprocal"``
   2688 * fl32(1 / amax) (one ulp off for some amax: element ties move), ts the oracle's;
-  ``"uncapped"`` 2688 / amax with no cap (Inf for amax < 7.9e-36) and ts = 1 / S_enc (0 there).
+  ``"uncapped"`` 2688 / amax with no cap (Inf for amax < 7.9e-36) and ts = 1 / S_enc (0 there);
+  ``"input_dtype"`` 2688 / max(amax, tiny) in the input's dtype, NaN and Inf replaced by 1, ts =
+  1 / S_enc in float32 (compressed-tensors; an Inf amax gives S_enc 0, ts Inf).
 - ``zero_scale_fill``: a per-tensor scale ts of 0 and a first-stage block scale vec_max / 6 of
   0 (an all-zero block, or one that underflows) become this value before the block scale is
   quantized, and the elements of a block whose quantized scale is 0 are divided by it (AMD Quark
@@ -48,7 +52,9 @@ FP8 tensorwise:
   (``Tensor.__rtruediv__``: reciprocal, then times fp8_max, each rounded to that dtype; for a
   bf16 input the scale is a bf16). Needs ``scale_formula="primus_turbo"`` (the same formula).
   ``"bfloat16"``, ``"float16"``: the float32 scale rounded to that dtype (scale arithmetic in
-  a 16-bit dtype).
+  a 16-bit dtype). ``"input_quotient"``: the dequantization scale amax / fp8_max in x's dtype
+  (a zero scale replaced by the dtype's eps) and the elements x / that scale in x's dtype
+  (compressed-tensors; the formula is not used).
 - ``multiply_dtype``: ``"float32"`` x * scale in float32; ``"input"`` rounded to x's dtype
   first (a 0-dim float32 scale does not promote a bf16 tensor), then cast.
 - ``descale``: ``"reciprocal"`` the formula's scale multiplies x and ``scale_inv`` is its
@@ -102,11 +108,11 @@ _E4M3_X_E2M1_MAX = 448.0 * 6.0
 _FLT_MAX = torch.finfo(torch.float32).max
 
 
-def _te_factor(amax):
+def _te_factor(amax, dtype=torch.float32):
     return _global_encode_scale(amax), amax / torch.full_like(amax, _E4M3_X_E2M1_MAX)  # a true division
 
 
-def _reciprocal_factor(amax):
+def _reciprocal_factor(amax, dtype=torch.float32):
     # 2688 * fl32(1 / amax): one ulp from 2688 / amax for some amax, which moves element ties
     a = amax.to(torch.float32)  # float32 arithmetic whatever the input's dtype, as the oracle's
     s_enc = torch.minimum(torch.full_like(a, _E4M3_X_E2M1_MAX) * torch.reciprocal(a), torch.full_like(a, _FLT_MAX))
@@ -114,7 +120,7 @@ def _reciprocal_factor(amax):
     return s_enc, amax / torch.full_like(amax, _E4M3_X_E2M1_MAX)
 
 
-def _uncapped_factor(amax):
+def _uncapped_factor(amax, dtype=torch.float32):
     # S_enc = 2688 / amax with no FLT_MAX cap (Inf for amax < 2688 / FLT_MAX = 7.9e-36) and the
     # decode scale its reciprocal (0 there): every value is then 0, or NaN in a zero block.
     a = amax.to(torch.float32)
@@ -123,25 +129,45 @@ def _uncapped_factor(amax):
     return s_enc, torch.reciprocal(s_enc)
 
 
+def _input_dtype_factor(amax, dtype=torch.float32):
+    # compressed-tensors 0.20 quantization/utils/helpers.py::generate_gparam: 2688 / max(amax,
+    # finfo(dtype).tiny) in the input's dtype (torch evaluates float / tensor as the reciprocal
+    # times 2688, each rounded to that dtype), NaN and +-Inf replaced by 1 (an Inf amax gives
+    # 0, kept); it stores S_enc, so the decode scale is its float32 reciprocal (Inf for 0).
+    a = amax.to(dtype)
+    s_enc = torch.nan_to_num(_E4M3_X_E2M1_MAX / torch.clamp(a, min=torch.finfo(dtype).tiny), nan=1.0, posinf=1.0,
+                             neginf=1.0).to(torch.float32)
+    return s_enc, torch.reciprocal(s_enc)
+
+
+# Each takes the tensor amax (float32) and the input's dtype (only "input_dtype" reads it).
 ENCODE_FACTORS: dict[str, Callable] = {"te": _te_factor, "reciprocal": _reciprocal_factor,
-                                       "uncapped": _uncapped_factor}
+                                       "uncapped": _uncapped_factor, "input_dtype": _input_dtype_factor}
 
 
-def _te_block(vec_max, s_enc, ts):
+def _te_block(vec_max, s_enc, ts, dtype=torch.float32):
     return te_block_scale(vec_max, s_enc)
 
 
-def _quotient_block(vec_max, s_enc, ts):
+def _quotient_block(vec_max, s_enc, ts, dtype=torch.float32):
     # torchao nvfp4_tensor.py::nvfp4_quantize: block_scale = max_abs / F4_E2M1_MAX, then / per_tensor_scale
     return (vec_max / torch.full_like(vec_max, _E2M1.max)) / ts
 
 
-def _product_block(vec_max, s_enc, ts):
+def _product_block(vec_max, s_enc, ts, dtype=torch.float32):
     # ModelOpt get_weights_scaling_factor: per_block_amax / (6.0 * weights_scaling_factor_2)
     return vec_max / (_E2M1.max * ts)
 
 
-BLOCK_SCALES: dict[str, Callable] = {"te": _te_block, "quotient": _quotient_block, "product": _product_block}
+def _factor_times_input_quotient(vec_max, s_enc, ts, dtype=torch.float32):
+    # compressed-tensors 0.20 helpers.py::calculate_qparams: global_scale * (max_val_pos / 6),
+    # the quotient in the input's dtype (a bf16 or float16 rounding before the product)
+    return s_enc * (vec_max.to(dtype) / _E2M1.max).to(torch.float32)
+
+
+# Each takes (block amax in float32, S_enc, ts, the input's dtype).
+BLOCK_SCALES: dict[str, Callable] = {"te": _te_block, "quotient": _quotient_block, "product": _product_block,
+                                     "factor_times_input_quotient": _factor_times_input_quotient}
 
 
 def _te_elements(x, s, s_enc, ts):
@@ -214,7 +240,7 @@ class NVFP4Profile(ProfileBase):
         amax = block_amax(work.reshape(1, -1), 1, work.numel()).reshape(())
         if self.nonfinite_tensor_scale is not None and not bool(torch.isfinite(amax)):
             amax = torch.full_like(amax, _E4M3_X_E2M1_MAX * self.nonfinite_tensor_scale)  # ts exactly the constant
-        s_enc, ts = ENCODE_FACTORS[self.encode_factor](amax)
+        s_enc, ts = ENCODE_FACTORS[self.encode_factor](amax, work.dtype)
         if self.encode_factor_limit is not None and bool(s_enc > self.encode_factor_limit):
             s_enc, ts = torch.ones_like(s_enc), torch.ones_like(ts)  # the per-tensor fallback: scale 1
         dt = SCALE_DTYPES[self.scale_dtype]
@@ -225,7 +251,7 @@ class NVFP4Profile(ProfileBase):
             amax = torch.where(filled, self.zero_scale_fill * _E4M3_X_E2M1_MAX, amax)  # what dequantize reads: ts's amax
             vec_max = torch.where(vec_max / _E2M1.max == 0, _E2M1.max * self.zero_scale_fill, vec_max)
         ts = ts.to(dt).to(torch.float32)
-        s_f32 = BLOCK_SCALES[self.block_scale](vec_max, s_enc, ts).to(dt).to(torch.float32)
+        s_f32 = BLOCK_SCALES[self.block_scale](vec_max, s_enc, ts, work.dtype).to(dt).to(torch.float32)
         if self.zero_block_scale is not None:
             s_f32 = torch.where(s_f32 == 0, self.zero_block_scale, s_f32)
         if self.block_scale_min is not None:
@@ -242,7 +268,10 @@ class NVFP4Profile(ProfileBase):
             scaled = torch.where((s * ts == 0).unsqueeze(-1), blocks / self.zero_scale_fill, scaled)
         scaled = scaled.flatten(-2)
         codes = encode_bits(torch.clamp(scaled, -f.max, f.max), f, self.rounding, True)
-        codes = apply_zero_sign(self.zero_sign, work, codes, f)
+        # the sign of what was encoded: x / Inf is -0 for a negative x, and both released
+        # libraries that keep -0 codes read the sign of the scaled value (ModelOpt _cast_fp4's
+        # weight < 0, compressed-tensors cast_to_fp4's sign(x))
+        codes = apply_zero_sign(self.zero_sign, scaled, codes, f)
         return NVFP4Tensor(codes=codes, block_scales=block_scales, tensor_scale=ts, amax=amax, hadamard=rot)
 
 
@@ -257,8 +286,18 @@ def _input_reciprocal(amax: torch.Tensor, dtype: torch.dtype, fp8_max: float) ->
     return (torch.reciprocal(torch.clamp(amax.to(dtype), min=_TORCHAO_EPS)) * fp8_max).to(torch.float32)
 
 
+def _input_quotient(x: torch.Tensor, amax: torch.Tensor, fp8_max: float) -> tuple[torch.Tensor, torch.Tensor]:
+    # compressed-tensors 0.20 quantization/utils/helpers.py::calculate_qparams: scale = amax /
+    # (range / 2) in x's dtype, a zero scale replaced by finfo(dtype).eps; then
+    # lifecycle/forward_helpers.py::_quantize divides x by it and adds the zero point 0 (so -0
+    # becomes +0), in x's dtype. (scale_inv, the values cast)
+    scale_inv = amax.to(x.dtype) / torch.tensor(fp8_max, dtype=x.dtype)
+    scale_inv = torch.where(scale_inv == 0, torch.tensor(torch.finfo(x.dtype).eps, dtype=x.dtype), scale_inv)
+    return scale_inv.to(torch.float32), (x / scale_inv + torch.zeros((), dtype=x.dtype)).to(torch.float32)
+
+
 SCALE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-SCALE_ARITHMETICS = ("float32", "input_reciprocal", "bfloat16", "float16")
+SCALE_ARITHMETICS = ("float32", "input_reciprocal", "bfloat16", "float16", "input_quotient")
 MULTIPLY_DTYPES = ("float32", "input")
 DESCALES = ("reciprocal", "quotient_input")
 
@@ -304,22 +343,29 @@ class FP8Profile(ProfileBase):
             q = _quotient_in_input_dtype(x, f, self.rounding)
         elif (self.scale_arithmetic, self.multiply_dtype, self.rounding) == ("float32", "float32", "rne"):
             q = fp8_quantize(x, f, scale_formula=self.scale_formula)
+            scaled = x.to(torch.float32) * q.scale
         else:
             check_quantize_input(x, f"profile {self.name}")
             amax = _amax(x, "tensor")
-            if self.scale_arithmetic in SCALE_DTYPES:
-                scale = SCALE_FORMULAS[self.scale_formula](amax, f.max, ScaleOptions())
-                scale = scale.to(SCALE_DTYPES[self.scale_arithmetic]).to(torch.float32)
+            if self.scale_arithmetic == "input_quotient":
+                scale_inv, scaled = _input_quotient(x, amax, f.max)
+                scale = torch.reciprocal(scale_inv)
             else:
-                scale = _input_reciprocal(amax, x.dtype, f.max)
-            scaled = x.to(torch.float32) * scale
+                if self.scale_arithmetic in SCALE_DTYPES:
+                    scale = SCALE_FORMULAS[self.scale_formula](amax, f.max, ScaleOptions())
+                    scale = scale.to(SCALE_DTYPES[self.scale_arithmetic]).to(torch.float32)
+                else:
+                    scale = _input_reciprocal(amax, x.dtype, f.max)
+                scale_inv, scaled = torch.reciprocal(scale), x.to(torch.float32) * scale
             if self.multiply_dtype == "input":
                 scaled = scaled.to(x.dtype)
-            q = FP8Tensor(codes=encode_bits(scaled, f, self.rounding, True), scale_inv=torch.reciprocal(scale), fmt=f,
+            q = FP8Tensor(codes=encode_bits(scaled, f, self.rounding, True), scale_inv=scale_inv, fmt=f,
                           granularity="tensor", scale=scale, amax=amax)
         if self.zero_sign == "source":
             return q
-        return FP8Tensor(codes=apply_zero_sign(self.zero_sign, x, q.codes, f), scale_inv=q.scale_inv, fmt=f,
+        # the sign of what was encoded (x / Inf is -0 for a negative x, and +0 once a library adds
+        # its zero point), as the NVFP4 profile reads it
+        return FP8Tensor(codes=apply_zero_sign(self.zero_sign, scaled, q.codes, f), scale_inv=q.scale_inv, fmt=f,
                          granularity="tensor", scale=q.scale, amax=q.amax)
 
 

@@ -354,7 +354,7 @@ def test_a_bad_operand_pin_raises_naming_the_field_both_values_and_the_fix(kwarg
 
 
 @pytest.mark.parametrize(("cls", "kwargs", "match"), [
-    (NVFP4Profile, {"block_scale": "max"}, r"block_scale='max'; expected one of \['te', 'quotient', 'product'\]"),
+    (NVFP4Profile, {"block_scale": "max"}, r"block_scale='max'; expected one of \['te', 'quotient', 'product', 'factor_times_input_quotient'\]"),
     (NVFP4Profile, {"element_scale": "x"}, r"element_scale='x'"),
     (NVFP4Profile, {"block_scale_min": 0.0}, r"block_scale_min=0.0; expected None or a float in \(0, 448\]"),
     (NVFP4Profile, {"zero_sign": "minus"}, r"zero_sign='minus'; expected one of \['source', "),

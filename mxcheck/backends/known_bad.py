@@ -759,6 +759,22 @@ class FP8DivideByAmaxOverMax:
         return torch.where(torch.isfinite(quotient), values, torch.nan).to(x.dtype)
 
 
+class MXOverflowScaleByte127(EmulatedBackend):
+    """An MX block whose scale 2^e is Inf in the input's dtype stores byte 127 with every code 0
+    (compressed-tensors 0.20: the scale rounded up in x's dtype, x / Inf, a wrapped int32 byte)."""
+
+    name = "bad-mx-overflow-byte-127"
+
+    def quantize(self, x, spec, **kw):
+        q = super().quantize(x, spec, **kw)
+        if spec.scaling != "mx" or spec.block_2d or q.codes.shape != x.shape:
+            return q
+        power = torch.exp2(q.scales.to(torch.float64) - 127 + q.fmt.emax).to(x.dtype)  # 2^(e + emax) in x's dtype
+        inf = torch.isinf(power) & (q.scales != 255)
+        codes = torch.where(inf.repeat_interleave(spec.block_size, dim=-1), 0, q.codes)
+        return replace(q, codes=codes.to(torch.uint8), scales=torch.where(inf, 127, q.scales).to(torch.uint8))
+
+
 KNOWN_BAD: dict[str, type[Any]] = {c.name: c for c in (NibbleSwap, WrongScaleRule, StaleWeight, Bf16Fallback,
                                                         NanToZero, DropsBias, GarbageUnlessKMod256,
                                                         HalfAwayForRne, TruncForRne, Float32Log2Scale, Float16Log2Overflow,
@@ -775,7 +791,7 @@ KNOWN_BAD: dict[str, type[Any]] = {c.name: c for c in (NibbleSwap, WrongScaleRul
                                                         MXZeroBlockByte85, FP8RowwiseZeroRowEps,
                                                         MXScaleFlooredAt1e10, MXScaleOverThreeFifths,
                                                         MXScaleFloor1e10, MXScaleDividedBy075,
-                                                        FP8DivideByAmaxOverMax)}
+                                                        FP8DivideByAmaxOverMax, MXOverflowScaleByte127)}
 
 
 # ---- a fake-quant seeded bug modelled on AMD Quark's MX floor mode (values only) ----

@@ -169,6 +169,7 @@ CASES: tuple[LabelledCase, ...] = (
     _known("bad-mx-scale-div-0.75", "scale-rounding", "mx_scale_divided_by_0.75", "ocp-mxfp4", families=("bf16",)),
     _known("bad-fp8-divide-amax-over-max", "mul-vs-div", "fp8_divide_by_amax_over_max", "fp8-tensorwise",
            families=("magnitude",)),
+    _known("bad-mx-overflow-byte-127", "reciprocal", "mx_overflow_scale_byte_127", "mxfp8", families=("magnitude",)),
     # seeded cases: one convention of a released library each
     _seeded("seeded-log2-input", "exponent", "mx.exponent_source=log2_input", "mxfp8", "mx",
             {"exponent_source": "log2_input"}, ("bf16", "amax"), "torchao 0.7-0.9 to_mx on bf16 tensors"),
@@ -188,6 +189,17 @@ CASES: tuple[LabelledCase, ...] = (
             {"multiply_dtype": "input"}, ("magnitude",), "torchao 0.5 _ToFloat8ConstrFunc"),
     _seeded("seeded-nvfp4-zero-sign", "element-rounding", "nvfp4.zero_sign=negative_values", "nvfp4", "nvfp4",
             {"zero_sign": "negative_values"}, ("neg-zero", "bf16"), "TE reference_nvfp4.py, ModelOpt _cast_fp4"),
+    # compressed-tensors 0.20 (helpers.py generate_gparam, calculate_qparams): scale arithmetic in the input's dtype
+    _seeded("seeded-nvfp4-input-dtype-factor", "narrow-scale", "nvfp4.encode_factor=input_dtype", "nvfp4", "nvfp4",
+            {"encode_factor": "input_dtype"}, ("magnitude",), "compressed-tensors 0.20 generate_gparam"),
+    _seeded("seeded-nvfp4-input-dtype-block-quotient", "narrow-scale", "nvfp4.block_scale=factor_times_input_quotient",
+            "nvfp4", "nvfp4", {"block_scale": "factor_times_input_quotient"}, ("magnitude",),
+            "compressed-tensors 0.20 calculate_qparams"),
+    _seeded("seeded-fp8-input-dtype-quotient", "narrow-scale", "tensor.scale_arithmetic=input_quotient", "fp8",
+            "tensor", {"scale_arithmetic": "input_quotient"}, ("magnitude",),
+            "compressed-tensors 0.20 calculate_qparams, _quantize"),
+    _seeded("seeded-mx-zero-negative", "element-rounding", "mx.zero_sign=zero_negative", "mxfp8", "mx",
+            {"zero_sign": "zero_negative"}, ("zeros", "one-nonzero"), "ModelOpt 0.46-0.47 MXFP4 cast_fp4"),
 )
 
 # Cases modelled on AMD Quark 0.12-0.13's residuals (wt-quark): its MX floor scale held as a

@@ -138,6 +138,7 @@ _TORCHAO_MX = "torchao 0.18 mx_formats/mx_tensor.py::to_mx"
 _AITER_TRITON = "AITER Triton packers (gemm_op_a6w6.py, fp4_utils.py)"
 _TE_REF = "TE reference_nvfp4.py::cast_to_fp4x2 @1498424b"
 _TORCHAO_NVFP4 = "torchao nvfp4_tensor.py::nvfp4_quantize"
+_CT = "compressed-tensors 0.20.1"
 
 CONVENTIONS: tuple[Convention, ...] = (
     # MX block exponents
@@ -205,7 +206,9 @@ CONVENTIONS: tuple[Convention, ...] = (
       for value, title, seen in (
           ("never", "-0 lost: every zero code is +0", "microxcaling"),
           ("negative_values", "the zero code's sign from x < 0 (-0.0 gives +0)",
-           f"{_TE_REF}, ModelOpt _cast_fp4"))),
+           f"{_TE_REF}, ModelOpt _cast_fp4"),
+          ("zero_negative", "the zero code's sign from x <= 0 (an exact zero of either sign gives -0)",
+           "ModelOpt 0.47.0 torch/quantization/qtensor/mxfp4_tensor.py:46-52 (cast_fp4)"))),
     *(Convention(NVFP4Profile, "block_scale_rounding", value, f"{title} in the elements and the ue4m3 block "
                  "scales (one rounding helper for both)", (), "", (("rounding", value),))
       for value, title in (("half_away", "ties rounded away from zero"), ("trunc", "truncation toward zero"),
@@ -230,6 +233,14 @@ CONVENTIONS: tuple[Convention, ...] = (
                "one that underflows) becomes 0.125, e4m3's epsilon", (), "a released NVFP4 library (measured, not named)"),
     Convention(NVFP4Profile, "nonfinite_tensor_scale", 1.0, "a NaN or Inf NVFP4 tensor amax falls back to "
                "per-tensor scale 1", (), "a released NVFP4 library (measured, not named)"),
+    # compressed-tensors 0.20.1 (0.20.0 the same lines): its per-tensor factor and block scale,
+    # each a choice a correct kernel may make
+    Convention(NVFP4Profile, "encode_factor", "input_dtype", "NVFP4 per-tensor encode factor 2688 / max(amax, "
+               "tiny) computed in the input's dtype, NaN and Inf replaced by 1, and the decode scale its float32 "
+               "reciprocal", (), f"{_CT} quantization/utils/helpers.py:340-353 (generate_gparam)"),
+    Convention(NVFP4Profile, "block_scale", "factor_times_input_quotient", "NVFP4 block scale S_enc * (vec_max / "
+               "6), the quotient in the input's dtype (rounded to bf16 or float16 first)", (),
+               f"{_CT} quantization/utils/helpers.py:82-104 (calculate_qparams)"),
     *(Convention(NVFP4Profile, "scale_dtype", dt, f"NVFP4 scale arithmetic in {dt} (per-tensor and block scales "
                  f"rounded to {dt} before the ue4m3 cast)", ()) for dt in ("bfloat16", "float16")),
     # FP8 tensorwise scale arithmetic
@@ -241,6 +252,10 @@ CONVENTIONS: tuple[Convention, ...] = (
                "(bf16 scale arithmetic)", (), "torchao 0.5 amax_to_scale", (("scale_formula", "primus_turbo"),)),
     *(Convention(FP8Profile, "scale_arithmetic", dt, f"FP8 scale rounded to {dt} (scale arithmetic in {dt})", ())
       for dt in ("bfloat16", "float16")),
+    Convention(FP8Profile, "scale_arithmetic", "input_quotient", "FP8 dequantization scale amax / fp8_max in the "
+               "input's dtype (a zero scale replaced by the dtype's eps) and the elements x / scale in that dtype", (),
+               f"{_CT} quantization/utils/helpers.py:88,117-128 (calculate_qparams), "
+               "lifecycle/forward_helpers.py:533-536 (_quantize)"),
     Convention(FP8Profile, "multiply_dtype", "input", "x * scale rounded to the input's dtype before the cast",
                (), "torchao 0.5 _ToFloat8ConstrFunc"),
     # ---- MX scales a fake quantizer holds as floats (wt-quark) ----

@@ -160,15 +160,32 @@ def _signed_zero_block(x: torch.Tensor, spec: OperandSpec, oracle: Any) -> Any:
     return _with_codes(q, torch.where(blocks & (x.shape == q.codes.shape), sign, q.codes).to(torch.uint8))
 
 
-def _inf_block_byte_127(x: torch.Tensor, spec: OperandSpec, oracle: Any) -> Any:
-    # A block holding an Inf stores scale byte 127 (MX: 2^0; NVFP4 ue4m3: 0x7F, NaN) with every code 0.
-    found = _block_mask(oracle, torch.isinf(x))
+def _byte_127_zero_codes(oracle: Any, found: tuple[str, torch.Tensor] | None) -> Any:
+    """The blocks of ``found`` (scale field, block mask) with scale byte 127 and every code 0."""
     if found is None or not bool(found[1].any()):
         return None
     field, blocks = found
     per_element = blocks.repeat_interleave(oracle.codes.shape[-1] // blocks.shape[-1], dim=-1)
     scales = torch.where(blocks, torch.tensor(127, dtype=torch.uint8), getattr(oracle, field))
     return replace(oracle, codes=torch.where(per_element, 0, oracle.codes).to(torch.uint8), **{field: scales})
+
+
+def _inf_block_byte_127(x: torch.Tensor, spec: OperandSpec, oracle: Any) -> Any:
+    # A block holding an Inf stores scale byte 127 (MX: 2^0; NVFP4 ue4m3: 0x7F, NaN) with every code 0.
+    return _byte_127_zero_codes(oracle, _block_mask(oracle, torch.isinf(x)))
+
+
+def _mx_overflow_scale_byte_127(x: torch.Tensor, spec: OperandSpec, oracle: Any) -> Any:
+    # compressed-tensors 0.20 (mxfp_utils.py::generate_mx_scales, compressors/mx_utils.py):
+    # the block amax rounded up to a power of two in x's dtype overflows to Inf (an Inf amax, or
+    # one the rule rounds past the dtype's largest binade), so the scale is Inf, x / Inf is 0,
+    # and the exported byte 127 + int32(floor(log2 Inf)) = 127 + INT_MIN wraps to 0x7F.
+    if not isinstance(oracle, MXTensor) or oracle.block_2d or not x.dtype.is_floating_point:
+        return None
+    top = math.frexp(torch.finfo(x.dtype).max)[1]  # 2^top is Inf in x's dtype
+    b = oracle.scales.to(torch.int32)
+    overflow = (b != E8M0_NAN) & (b - 127 + oracle.fmt.emax >= top)
+    return _byte_127_zero_codes(oracle, ("scales", overflow) if oracle.codes.shape == x.shape else None)
 
 
 def _nan_codes(oracle: Any) -> tuple[FloatFormat, torch.Tensor] | None:
@@ -301,6 +318,10 @@ FAILURES: tuple[Behaviour, ...] = (
               _inf_block_byte_127, (), "a released NVFP4 library (measured, not named)"),
     Behaviour("nan_whole_tensor", "a NaN spreads over the whole tensor (every scale NaN)", "quantize",
               _nan_whole_tensor),
+    Behaviour("mx_overflow_scale_byte_127", "an MX block whose power-of-two scale overflows the input's dtype (an "
+              "Inf amax, or one rounded past the dtype's largest binade) stores byte 127 with every code 0 (x / Inf; "
+              "the byte 127 + int32(floor(log2 Inf)) wraps)", "quantize", _mx_overflow_scale_byte_127, (),
+              "compressed-tensors 0.20.1 quantization/utils/mxfp_utils.py:146-152, compressors/mx_utils.py:29-30"),
     # last: values-level (their result is no MXTensor, so no failure above may follow them)
     *SCALE_VALUE_FAILURES,
 )
