@@ -1,4 +1,4 @@
-"""compressed-tensors' own bits (0.20.1 in /work/venv-ct-A; skipped where it is not installed)
+"""compressed-tensors' own bits (0.20.1; skipped where it is not installed)
 against the catalogue behaviours that model it (tests/test_vocabulary_compressed_tensors.py
 works the same bits out by hand). No witness import here: the library's venv has none."""
 
@@ -26,11 +26,12 @@ CT_NVFP4 = {"zero_sign": "negative_values", "element_scale": "divide_product", "
             "encode_factor": "input_dtype", "block_scale": "factor_times_input_quotient"}
 
 
-def _library():
-    pytest.importorskip("compressed_tensors")
+def _library(module: str = "compressed_tensors", name: str = "compressed_tensors"):
+    """The adapter of a library that is installed and available, else a skip."""
+    pytest.importorskip(module)
     from mxcheck.backends import get
 
-    backend = get("compressed_tensors")
+    backend = get(name)
     ok, why = backend.available()
     if not ok:
         pytest.skip(why)
@@ -79,15 +80,10 @@ def test_the_mx_overflow_failure_reproduces_compressed_tensors_bits(dtype, amax)
 
 
 def test_zero_negative_reproduces_modelopt_mxfp4_bits():
-    """ModelOpt (0.47.0 in /work/venv-mo-A) MXFP4QTensor.quantize: every exact zero gets code 0x8."""
-    pytest.importorskip("modelopt")
-    from mxcheck.backends import get
+    """ModelOpt (0.47.0) MXFP4QTensor.quantize: every exact zero gets code 0x8."""
     from mxcheck.profiles import Profile
 
-    backend = get("modelopt")
-    ok, why = backend.available()
-    if not ok:
-        pytest.skip(why)
+    backend = _library("modelopt", "modelopt")
     recipe = next(r for r in backend.claims if r.name == "modelopt-mxfp4")
     x = _draw(torch.bfloat16, 4.6, 8, 64)
     x[:, ::3] = 0.0

@@ -1,6 +1,6 @@
 """compressed-tensors' NVFP4, FP8 and MX arithmetic as catalogue behaviours: the bits worked
 out here from the released code's arithmetic (numpy and ml_dtypes as witnesses), the
-library's own bits where it is installed (/work/venv-ct-A: 0.20.1), and the seeded cases that
+library's own bits where it is installed (0.20.1), and the seeded cases that
 ``mxcheck accuracy`` counts, each headed by its behaviour."""
 
 from __future__ import annotations
