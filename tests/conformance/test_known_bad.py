@@ -71,6 +71,8 @@ EXPECTED = {
     "bad-mx-scale-floor": ("ocp-mxfp8-e4m3", "quantize", "mx_scale_floor_after_pow2"),
     "bad-mx-scale-div-0.75": ("ocp-mxfp4", "quantize", "mx_scale_divided_by_0.75"),
     "bad-fp8-divide-amax-over-max": ("fp8-tensorwise", "quantize", "fp8_divide_by_amax_over_max"),
+    # compressed-tensors' MX overflow: an Inf power-of-two scale in the input's dtype
+    "bad-mx-overflow-byte-127": ("mxfp8", "quantize", "mx_overflow_scale_byte_127"),
 }
 # The seeded bugs that lose whole tensors, and an input of the magnitude family each loses
 # as the issue measured it (a gradient magnitude; float16 under 0.041): their failure opens
