@@ -24,6 +24,7 @@ import json
 import re
 import subprocess
 import sys
+from importlib.metadata import entry_points
 from dataclasses import replace
 from pathlib import Path
 
@@ -37,6 +38,9 @@ from mxcheck.diagnose.accumulation import (
 from mxcheck.formats import get_format
 from mxcheck.scaling import FP8Tensor
 
+# The plugin by name where mxcheck is only on PYTHONPATH; an installed one registers itself
+# through its pytest11 entry point (naming it again is an error).
+PLUGIN = () if any(e.value.startswith("mxcheck") for e in entry_points(group="pytest11")) else ("-p", "mxcheck.plugin")
 KS = (16, 96, 128, 144, 256, 384, 1008, 4096)  # 1008: a K off the 32-product k-step
 MN = ((64, 128), (13, 64), (1, 256))
 MODELS = {True: HOPPER_FAST_ACCUMULATION, False: HOPPER_SPLIT_ACCUMULATION}
@@ -99,7 +103,7 @@ def capture(log: list[str]) -> dict:
 
 
 def conformance(log: list[str], out: Path, backend: str, select: str) -> dict:
-    cmd = [sys.executable, "-m", "pytest", "-p", "mxcheck.plugin", "-m", "cuda or emulated", "--pyargs",
+    cmd = [sys.executable, "-m", "pytest", *PLUGIN, "-m", "cuda or emulated", "--pyargs",
            "mxcheck.conformance.suite", "-k", select, "--mxcheck-backend", backend, "-p", "no:cacheprovider",
            "-rN"]  # -rN: each failure message once (no short summary to count twice)
     run = subprocess.run(cmd, capture_output=True, text=True)
@@ -123,8 +127,7 @@ def main(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     log = [f"torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.get_device_name()}, "
            f"sm{''.join(map(str, torch.cuda.get_device_capability()))}"]
-    # -p mxcheck.plugin: its markers (sm90) where mxcheck is on PYTHONPATH, not installed
-    device_test = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-m", "sm90", "-p", "mxcheck.plugin",
+    device_test = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-m", "sm90", *PLUGIN,
                                   "-p", "no:cacheprovider", "tests/test_accumulation.py"], capture_output=True, text=True)
     log.append(f"tests/test_accumulation.py -m sm90 (exit {device_test.returncode}): "
                f"{(device_test.stdout.strip().splitlines() or [''])[-1]}")
