@@ -24,8 +24,8 @@ import json
 import re
 import subprocess
 import sys
-from importlib.metadata import entry_points
 from dataclasses import replace
+from importlib.metadata import entry_points
 from pathlib import Path
 
 import torch
