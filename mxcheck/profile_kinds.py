@@ -286,14 +286,23 @@ def _input_reciprocal(amax: torch.Tensor, dtype: torch.dtype, fp8_max: float) ->
     return (torch.reciprocal(torch.clamp(amax.to(dtype), min=_TORCHAO_EPS)) * fp8_max).to(torch.float32)
 
 
+def _amax_quotient(x: torch.Tensor, amax: torch.Tensor, fp8_max: float,
+                   zero_fill: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(s, x / s), both in x's dtype: the dequantization scale s = amax / fp8_max computed in x's
+    dtype, a zero s replaced by ``zero_fill`` (an all-zero tensor), and x divided by it there.
+    compressed-tensors and AMD Quark quantize FP8 per tensor so; they differ in the fill."""
+    s = amax.to(x.dtype) / torch.tensor(fp8_max, dtype=x.dtype)
+    s = torch.where(s == 0, torch.tensor(zero_fill, dtype=x.dtype), s)
+    return s, x / s
+
+
 def _input_quotient(x: torch.Tensor, amax: torch.Tensor, fp8_max: float) -> tuple[torch.Tensor, torch.Tensor]:
     # compressed-tensors 0.20 quantization/utils/helpers.py::calculate_qparams: scale = amax /
     # (range / 2) in x's dtype, a zero scale replaced by finfo(dtype).eps; then
     # lifecycle/forward_helpers.py::_quantize divides x by it and adds the zero point 0 (so -0
     # becomes +0), in x's dtype. (scale_inv, the values cast)
-    scale_inv = amax.to(x.dtype) / torch.tensor(fp8_max, dtype=x.dtype)
-    scale_inv = torch.where(scale_inv == 0, torch.tensor(torch.finfo(x.dtype).eps, dtype=x.dtype), scale_inv)
-    return scale_inv.to(torch.float32), (x / scale_inv + torch.zeros((), dtype=x.dtype)).to(torch.float32)
+    scale_inv, quotient = _amax_quotient(x, amax, fp8_max, torch.finfo(x.dtype).eps)
+    return scale_inv.to(torch.float32), (quotient + torch.zeros((), dtype=x.dtype)).to(torch.float32)
 
 
 SCALE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -375,10 +384,9 @@ def _quotient_in_input_dtype(x: torch.Tensor, f: FloatFormat, rounding: str) -> 
     # in x's dtype, clamp, cast, times scale. torch's amax propagates NaN: a NaN or Inf amax gives
     # a NaN or Inf scale, every value NaN (0 * Inf, or x / NaN).
     amax = x.abs().amax()
-    s = amax / f.max
-    s = s.masked_fill(s == 0, torch.finfo(torch.float32).eps)
+    s, quotient = _amax_quotient(x, amax, f.max, torch.finfo(torch.float32).eps)
     s32 = s.to(torch.float32)
-    return FP8Tensor(codes=encode_bits((x / s).to(torch.float32), f, rounding, True), scale_inv=s32, fmt=f,
+    return FP8Tensor(codes=encode_bits(quotient.to(torch.float32), f, rounding, True), scale_inv=s32, fmt=f,
                      granularity="tensor", scale=torch.reciprocal(s32), amax=amax.to(torch.float32))
 
 
