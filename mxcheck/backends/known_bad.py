@@ -386,30 +386,9 @@ class _Log2InInputDtype(_ProfileBug):
     name, scaling, fields = "log2-in-input-dtype", "mx", {"exponent_source": "log2_input"}
 
 
-class Float16Log2Overflow:
-    """A fake-quant MX kernel (values only, in the input's dtype) whose block exponent is a
-    log2 in the input's dtype: a float16 log2(65504) rounds to 16, the scale is a binade
-    high and 65504 dequantizes to 65536, +Inf in float16, where the oracle's is 57344 (a
-    released MX library (measured, not named)). Only a float16 block amax near 65504 shows it."""
-
-    name = "bad-fp16-log2-overflow"
-
-    def available(self) -> tuple[bool, str]:
-        return True, ""
-
-    def supports(self, recipe: Any) -> tuple[bool, str]:
-        return True, ""
-
-    def fake_quantize(self, x: torch.Tensor, spec: Any, *, state: Any = None) -> torch.Tensor:
-        quantizer = _Log2InInputDtype() if x.dtype == torch.float16 else EmulatedBackend()
-        return quantizer.quantize(x, spec, state=state).dequantize().to(x.dtype)
-
-
-class _MXValuesAtScale:
-    """A fake-quant MX kernel (values only, in the input's dtype) that takes the oracle's
-    power-of-two block scale 2^e, changes it with ``scale_of`` (in float32, where the result
-    need not be a power of two), and returns x / s rounded to the element format
-    (saturating) times s; other specs get the oracle's values."""
+class _FakeQuantBug:
+    """A seeded fake-quant kernel (``fake_quantize`` only: values in the input's dtype), on the
+    CPU, for every recipe (those it has no bug for get the oracle's values)."""
 
     name = ""
 
@@ -418,6 +397,26 @@ class _MXValuesAtScale:
 
     def supports(self, recipe: Any) -> tuple[bool, str]:
         return True, ""
+
+
+class Float16Log2Overflow(_FakeQuantBug):
+    """A fake-quant MX kernel (values only, in the input's dtype) whose block exponent is a
+    log2 in the input's dtype: a float16 log2(65504) rounds to 16, the scale is a binade
+    high and 65504 dequantizes to 65536, +Inf in float16, where the oracle's is 57344 (a
+    released MX library (measured, not named)). Only a float16 block amax near 65504 shows it."""
+
+    name = "bad-fp16-log2-overflow"
+
+    def fake_quantize(self, x: torch.Tensor, spec: Any, *, state: Any = None) -> torch.Tensor:
+        quantizer = _Log2InInputDtype() if x.dtype == torch.float16 else EmulatedBackend()
+        return quantizer.quantize(x, spec, state=state).dequantize().to(x.dtype)
+
+
+class _MXValuesAtScale(_FakeQuantBug):
+    """A fake-quant MX kernel (values only, in the input's dtype) that takes the oracle's
+    power-of-two block scale 2^e, changes it with ``scale_of`` (in float32, where the result
+    need not be a power of two), and returns x / s rounded to the element format
+    (saturating) times s; other specs get the oracle's values."""
 
     def scale_of(self, pow2: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -435,9 +434,9 @@ class _MXValuesAtScale:
 class MXScaleFlooredAt1e10(_MXValuesAtScale):
     """An MX block scale floored at 1e-10 after the power-of-two rule: max(2^e, 1e-10) on the
     scale itself (brevitas floors 2^floor(log2 amax) before the division by 2^emax:
-    ``mx_scale_floor_after_pow2``), not a power of two, for every block whose scale falls below it (e4m3: amax below 2^-25),
-    whose small values then round to 0 (a released QAT library's clamp (issue 42; measured,
-    not named))."""
+    ``mx_scale_floor_after_pow2``), not a power of two, for every block whose scale falls
+    below it (e4m3: amax below 2^-25), whose small values then round to 0. No catalogue
+    behaviour is this clamp: the cause is the field relation on the block scale."""
 
     name = "bad-mx-scale-floor-1e-10"
 
@@ -678,20 +677,13 @@ class FP8RowwiseZeroRowEps(EmulatedBackend):
                                  power_of_2=spec.power_of_2, eps=1e-12)
 
 
-class _MXNonPow2Scale:
+class _MXNonPow2Scale(_FakeQuantBug):
     """A fake-quant MX kernel (values only) whose block scale is ``scale(x blocks, oracle, emax,
     dtype)``, every step in ``dtype`` (the input's where None): values are the element format's
     RNE (saturating) cast of x / scale, times scale; an element whose quotient is not finite
     (x / 0, a NaN) is NaN, as brevitas' FloatQuant makes it (round(Inf / Inf))."""
 
-    name = ""
     arithmetic: torch.dtype | None = None
-
-    def available(self) -> tuple[bool, str]:
-        return True, ""
-
-    def supports(self, recipe: Any) -> tuple[bool, str]:
-        return True, ""
 
     def scale(self, blocks: torch.Tensor, oracle: Any, emax: int, dtype: torch.dtype) -> torch.Tensor:
         raise NotImplementedError
@@ -735,18 +727,12 @@ class MXScaleDividedBy075(_MXNonPow2Scale):
         return (_mx.e8m0_value(oracle.scales).to(torch.float32) / 0.75).unsqueeze(-1)
 
 
-class FP8DivideByAmaxOverMax:
+class FP8DivideByAmaxOverMax(_FakeQuantBug):
     """A fake-quant FP8 tensorwise kernel (values only) that divides x by amax / fp8_max and
     multiplies back, in the input's dtype, amax floored at 1e-10 there (brevitas 0.13.4's
     Fp8e4m3OCPWeightPerTensorFloat): not x * (fp8_max / amax) in float32 as the oracle."""
 
     name = "bad-fp8-divide-amax-over-max"
-
-    def available(self) -> tuple[bool, str]:
-        return True, ""
-
-    def supports(self, recipe: Any) -> tuple[bool, str]:
-        return True, ""
 
     def fake_quantize(self, x: torch.Tensor, spec: Any, *, state: Any = None) -> torch.Tensor:
         if spec.scaling != "tensor":
@@ -801,19 +787,13 @@ class _MXFloatScaleCodes(_ProfileBug):
     name, scaling, fields = "mx-float-scale", "mx", {"scale_storage": "input_dtype"}
 
 
-class MXFloatScaleFakeQuant:
+class MXFloatScaleFakeQuant(_FakeQuantBug):
     """A fake-quant MX kernel (values only, in the input's dtype) that holds the block scale 2^e
     as a float in the input's dtype instead of an E8M0 byte: a float32 block below 2^-127 keeps
     its finer scale, and a bf16 or float16 block whose 2^e underflows the dtype is divided by
     float32 eps (its values 0) (AMD Quark 0.12-0.13, floor mode)."""
 
     name = "bad-mx-float-scale"
-
-    def available(self) -> tuple[bool, str]:
-        return True, ""
-
-    def supports(self, recipe: Any) -> tuple[bool, str]:
-        return True, ""
 
     def fake_quantize(self, x: torch.Tensor, spec: Any, *, state: Any = None) -> torch.Tensor:
         return _MXFloatScaleCodes().quantize(x, spec, state=state).dequantize().to(x.dtype)
